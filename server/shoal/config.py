@@ -1,0 +1,186 @@
+"""Server configuration: the `shoal serve` flags, read from argv with `SHOAL_<FLAG>` env fallback.
+
+`ServerArgs` is frozen; every component of one server receives the same flags, so every process
+builds an identical `ServerArgs`. Per-process facts (which rank, which run directory) travel
+separately in `ComponentArgs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+DEFAULT_PORT = 30000
+DEFAULT_BOOTSTRAP_PORT = 8998
+
+Device = Literal["auto", "cpu", "cuda"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    tp: int = 1
+    pp: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    device: Device = "auto"
+    dtype: Dtype = "auto"
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    page_size: int = 1
+    chunked_prefill_size: int = 2048
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    disable_radix_cache: bool = False
+    watchdog_timeout: float = 300.0
+    enable_rank_consensus_check: bool = False
+    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    disaggregation_bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
+    api_key: str | None = None
+    enable_metrics: bool = False
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.tp >= 1, "--tp must be >= 1"),
+            (self.pp >= 1, "--pp must be >= 1"),
+            (self.nnodes >= 1, "--nnodes must be >= 1"),
+            (0 <= self.node_rank < self.nnodes, "--node-rank must be in [0, --nnodes)"),
+            ((self.tp * self.pp) % self.nnodes == 0, "--tp x --pp must be divisible by --nnodes"),
+            (self.nnodes == 1 or self.dist_init_addr is not None,
+             "--dist-init-addr is required when --nnodes > 1"),
+            (self.page_size >= 1, "--page-size must be >= 1"),
+            (self.chunked_prefill_size >= 1, "--chunked-prefill-size must be >= 1"),
+            (self.watchdog_timeout > 0, "--watchdog-timeout must be > 0"),
+            (1 <= self.port <= 65535, "--port must be in [1, 65535]"),
+            (self.context_length is None or self.context_length >= 2, "--context-length must be >= 2"),
+            (self.max_total_tokens is None or self.max_total_tokens >= 16,
+             "--max-total-tokens must be >= 16"),
+            (self.max_running_requests is None or self.max_running_requests >= 1,
+             "--max-running-requests must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    def local_ranks(self) -> list[tuple[int, int]]:
+        """(pp_rank, tp_rank) of the ranks this node runs; global rank = pp_rank * tp + tp_rank."""
+        first = self.node_rank * self.ranks_per_node
+        return [divmod(rank, self.tp) for rank in range(first, first + self.ranks_per_node)]
+
+
+@dataclass(frozen=True)
+class ComponentArgs:
+    """What one process adds to the shared `ServerArgs`: its role, rank and run directory."""
+
+    run_dir: str
+    pp_rank: int = 0
+    tp_rank: int = 0
+
+
+class ConfigError(ValueError):
+    """A flag value that cannot work; the server refuses to start (exit 88)."""
+
+
+_CHOICES = {
+    "device": ("auto", "cpu", "cuda"),
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "schedule_policy": ("fcfs", "lpm"),
+    "disaggregation_mode": ("null", "prefill", "decode"),
+}
+
+
+@dataclass(frozen=True)
+class _Flag:
+    name: str
+    kind: type
+    choices: tuple[str, ...] | None
+
+
+def _flags() -> list[_Flag]:
+    flags = []
+    for f in dataclasses.fields(ServerArgs):
+        annotation = str(f.type)
+        kind: type = str
+        for prefix, candidate in (("bool", bool), ("int", int), ("float", float)):
+            if annotation.startswith(prefix):
+                kind = candidate
+        flags.append(_Flag(name=f.name, kind=kind, choices=_CHOICES.get(f.name)))
+    return flags
+
+
+def env_name(field_name: str) -> str:
+    return "SHOAL_" + field_name.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"not a boolean: {text!r}")
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every ServerArgs flag; defaults stay None so env fallback can be applied afterwards."""
+    for flag in _flags():
+        option = "--" + flag.name.replace("_", "-")
+        if flag.kind is bool:
+            parser.add_argument(option, dest=flag.name, action="store_const", const=True,
+                                default=None)
+        else:
+            parser.add_argument(option, dest=flag.name, type=flag.kind, choices=flag.choices,
+                                default=None)
+
+
+def server_args_from_namespace(ns: argparse.Namespace,
+                               environ: dict[str, str] | None = None) -> ServerArgs:
+    """Flag wins; otherwise `SHOAL_<FLAG>` from the environment; otherwise the dataclass default."""
+    environ = dict(os.environ) if environ is None else environ
+    values: dict[str, Any] = {}
+    for flag in _flags():
+        value = getattr(ns, flag.name, None)
+        if value is None and env_name(flag.name) in environ:
+            raw = environ[env_name(flag.name)]
+            try:
+                value = _parse_bool(raw) if flag.kind is bool else flag.kind(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{env_name(flag.name)}={raw!r}: {exc}") from exc
+            if flag.choices and value not in flag.choices:
+                raise ConfigError(f"{env_name(flag.name)}={raw!r}: expected one of {flag.choices}")
+        if value is not None:
+            values[flag.name] = value
+    return ServerArgs(**values)
+
+
+def to_argv(args: ServerArgs) -> list[str]:
+    """The flags that reproduce `args` (only those differing from the defaults)."""
+    argv: list[str] = []
+    defaults = ServerArgs()
+    for flag in _flags():
+        value = getattr(args, flag.name)
+        if value == getattr(defaults, flag.name):
+            continue
+        option = "--" + flag.name.replace("_", "-")
+        if flag.kind is bool:
+            argv.append(option)
+        else:
+            argv += [option, str(value)]
+    return argv

@@ -1,0 +1,1 @@
+"""The per-rank compute side: KV memory, forward batches, model runner, sampling."""

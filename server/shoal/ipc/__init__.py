@@ -1,0 +1,1 @@
+"""Messages and sockets between the api, scheduler and detokenizer processes."""
