@@ -1,0 +1,50 @@
+"""The launch plan: which components this node runs, with their command lines and environment.
+
+`shoal serve` runs the plan as child processes; `shoal supervisord-conf` renders the same plan as a
+supervisord config. One plan, two runners.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from shoal.config import ServerArgs, to_argv
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    name: str                  # also the process title suffix: shoal::<name>
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return f"shoal::{self.name}"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_dir: str
+    components: tuple[ComponentSpec, ...]
+
+
+def scheduler_name(pp_rank: int, tp_rank: int, pp_size: int) -> str:
+    return f"scheduler_PP{pp_rank}_TP{tp_rank}" if pp_size > 1 else f"scheduler_TP{tp_rank}"
+
+
+def build_plan(args: ServerArgs, run_dir: str, python: str = sys.executable) -> LaunchPlan:
+    flags = to_argv(args)
+
+    def component(name: str, role: str, *extra: str) -> ComponentSpec:
+        argv = (python, "-m", "shoal", "component", role, "--run-dir", run_dir, *extra, *flags)
+        return ComponentSpec(name=name, argv=argv)
+
+    components = []
+    if args.node_rank == 0:
+        components.append(component("api", "api"))
+        components.append(component("detokenizer", "detokenizer"))
+    for pp_rank, tp_rank in args.local_ranks():
+        components.append(component(scheduler_name(pp_rank, tp_rank, args.pp), "scheduler",
+                                    "--pp-rank", str(pp_rank), "--tp-rank", str(tp_rank)))
+    return LaunchPlan(run_dir=run_dir, components=tuple(components))

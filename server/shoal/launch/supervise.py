@@ -1,0 +1,79 @@
+"""`shoal serve`'s runner: start the plan's components, and end them all when one ends.
+
+The server exits with the code of the component that failed first; a component killed by a
+signal exits as 128 + signal, and the runner writes its termination message on its behalf.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+
+from shoal.launch.plan import ComponentSpec, LaunchPlan
+from shoal.lifecycle import ExitCode, reset_termination_log, write_termination_message
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.1
+GRACE_S = 5.0
+
+
+class PlanRunner:
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop_requested = False
+
+    def run(self) -> int:
+        reset_termination_log()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._request_stop)
+        for spec in self.plan.components:
+            self.procs[spec.name] = subprocess.Popen(spec.argv, env={**os.environ, **spec.env})
+            logger.info("started %s (pid %d)", spec.title, self.procs[spec.name].pid)
+        try:
+            code = self._wait_for_first_exit()
+        finally:
+            self._stop_all()
+        return code
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        self._stop_requested = True
+
+    def _wait_for_first_exit(self) -> int:
+        while not self._stop_requested:
+            for spec in self.plan.components:
+                code = self.procs[spec.name].poll()
+                if code is not None:
+                    return self._on_component_exit(spec, code)
+            time.sleep(POLL_S)
+        logger.info("stop requested: shutting the server down")
+        return ExitCode.COMPLETED
+
+    def _on_component_exit(self, spec: ComponentSpec, code: int) -> int:
+        if code < 0:
+            signame = signal.Signals(-code).name
+            code = 128 - code
+            write_termination_message(code, spec.name, None, f"{spec.title} killed by {signame}")
+        elif code == 0:
+            code = ExitCode.CRASH
+            write_termination_message(code, spec.name, None, f"{spec.title} exited unexpectedly")
+        else:  # no-op when the component already wrote its own message
+            write_termination_message(code, spec.name, None, f"{spec.title} exited with {code}")
+        logger.error("%s exited with code %d: stopping the server", spec.title, code)
+        return code
+
+    def _stop_all(self) -> None:
+        alive = [p for p in self.procs.values() if p.poll() is None]
+        for proc in alive:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for proc in alive:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,225 @@
+"""The scheduler loop: receive → schedule → forward → process results, one step at a time."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from shoal.engine import sampler
+from shoal.engine.forward_batch import ForwardBatch
+from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, FinishReason, GenerateReq,
+                                ReqTokenOut)
+from shoal.scheduler.memory import ReqMemory
+from shoal.scheduler.prefill import PrefillAdder, future_slots
+from shoal.scheduler.request import Req
+from shoal.scheduler.stop import StopChecker
+
+logger = logging.getLogger(__name__)
+
+DECODE_PREFIX_LEN = 5  # prompt ids sent to the detokenizer as decoding context
+
+
+class SchedulerIO(Protocol):
+    def recv(self, blocking: bool) -> list[AnyMessage]: ...
+    def send_outputs(self, outputs: list[ReqTokenOut]) -> None: ...
+    def send_ready(self, ready: ComponentReady) -> None: ...
+
+
+class Runner(Protocol):
+    def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
+
+
+@dataclass
+class ScheduledBatch:
+    rows: list[tuple[Req, int]]  # (request, tokens it computes this step)
+    forward: ForwardBatch
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    context_length: int
+    max_running_requests: int
+    chunked_prefill_size: int
+
+
+class Scheduler:
+    def __init__(self, runner: Runner, memory: ReqMemory, io: SchedulerIO,
+                 stop_checker: StopChecker, limits: SchedulerLimits) -> None:
+        self.runner = runner
+        self.memory = memory
+        self.io = io
+        self.stop_checker = stop_checker
+        self.limits = limits
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.num_forward_steps = 0
+        self.num_retracted = 0
+        self.should_stop = False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def run_forever(self) -> None:
+        while not self.should_stop:
+            self.step()
+
+    def step(self) -> None:
+        for message in self.io.recv(blocking=not self.has_work):
+            self.handle(message)
+        batch = self.schedule()
+        if batch is None:
+            return
+        logits = self.runner.forward(batch.forward)
+        self.num_forward_steps += 1
+        self.process_results(batch, logits)
+
+    # -- requests in ------------------------------------------------------------------------
+
+    def handle(self, message: AnyMessage) -> None:
+        if isinstance(message, GenerateReq):
+            self._add_request(message)
+        elif isinstance(message, AbortReq):
+            self._abort(message.rid)
+        else:
+            logger.warning("scheduler ignores unexpected message %s", type(message).__name__)
+
+    def _add_request(self, message: GenerateReq) -> None:
+        req = Req(rid=message.rid, input_ids=list(message.input_ids), sampling=message.sampling,
+                  stream=message.stream, generator=sampler.make_generator(message.sampling))
+        problem = self._validate(req)
+        if problem:
+            req.finish = FinishReason(kind="abort", message=problem)
+            self.io.send_outputs([self._output(req)])
+            return
+        self.waiting.append(req)
+
+    def _validate(self, req: Req) -> str | None:
+        if not req.input_ids:
+            return "the prompt is empty"
+        if len(req.input_ids) >= self.limits.context_length:
+            return (f"the prompt ({len(req.input_ids)} tokens) is longer than the model's context "
+                    f"length ({self.limits.context_length} tokens)")
+        if future_slots(req) > self.memory.allocator.size:
+            return "the request needs more KV cache than the whole pool holds"
+        return None
+
+    def _abort(self, rid: str) -> None:
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.finish = FinishReason(kind="abort", message="aborted")
+                self.memory.release(req)
+                self.io.send_outputs([self._output(req)])
+        for req in self.running:
+            if req.rid == rid and req.finish is None:
+                req.finish = FinishReason(kind="abort", message="aborted")
+
+    # -- scheduling -------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch | None:
+        self._finish_aborted()
+        decoding = [r for r in self.running if r.extend_len == 1]
+        decoding = self._make_room_for(decoding)
+        reserved = sum(future_slots(r) for r in self.running)
+        adder = PrefillAdder(
+            token_budget=self.limits.chunked_prefill_size,
+            free_slots=self.memory.num_free_slots - len(decoding),
+            unreserved_slots=self.memory.num_free_slots - reserved,
+            free_rows=min(self.memory.num_free_rows,
+                          self.limits.max_running_requests - len(self.running)))
+        for req in self.running:
+            if req.extend_len > 1 and not adder.add_chunk(req):
+                break
+        while self.waiting and adder.try_admit(self.waiting[0]):
+            req = self.waiting.popleft()
+            self.memory.assign_row(req)
+            self.running.append(req)
+        rows = [(r, 1) for r in decoding] + adder.rows
+        return self._build(rows) if rows else None
+
+    def _make_room_for(self, decoding: list[Req]) -> list[Req]:
+        """Retract the least-advanced requests until every remaining decode row has a slot."""
+        while len(decoding) > self.memory.num_free_slots and len(self.running) > 1:
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+            self.running.remove(victim)
+            self.memory.release(victim)
+            self.waiting.appendleft(victim)
+            self.num_retracted += 1
+            logger.info("KV pool full: retracted %s (%d output tokens so far)", victim.rid,
+                        len(victim.output_ids))
+            decoding = [r for r in decoding if r is not victim]
+        return decoding
+
+    def _build(self, rows: list[tuple[Req, int]]) -> ScheduledBatch:
+        reqs = [r for r, _ in rows]
+        extend_lens = [n for _, n in rows]
+        out_cache_loc = self.memory.alloc_slots(reqs, extend_lens)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for req, n in rows:
+            start = req.cached_len
+            if n == 1 and req.output_ids:
+                input_ids.append(req.output_ids[-1])
+            else:
+                input_ids += req.fill_ids[start:start + n]
+            positions += range(start, start + n)
+        device = out_cache_loc.device
+        forward = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=device),
+            seq_lens=torch.tensor([r.cached_len + n for r, n in rows], dtype=torch.int64,
+                                  device=device),
+            extend_lens=extend_lens)
+        return ScheduledBatch(rows=rows, forward=forward)
+
+    # -- results out ------------------------------------------------------------------------
+
+    def process_results(self, batch: ScheduledBatch, logits: torch.Tensor) -> None:
+        sampled_rows = []
+        for i, (req, n) in enumerate(batch.rows):
+            req.cached_len += n
+            if req.cached_len == req.fill_len and req.finish is None:
+                sampled_rows.append(i)
+        reqs = [batch.rows[i][0] for i in sampled_rows]
+        if reqs:
+            tokens = sampler.sample(logits[sampled_rows], [r.sampling for r in reqs],
+                                    [r.generator for r in reqs])
+            for req, token in zip(reqs, tokens):
+                req.output_ids.append(token)
+                req.finish = self.stop_checker.check(req)
+        outputs = [self._output(r) for r in reqs if r.stream or r.finish is not None]
+        self.io.send_outputs(outputs)
+        self._release_finished()
+
+    def _finish_aborted(self) -> None:
+        aborted = [r for r in self.running if r.finish is not None]
+        if aborted:
+            self.io.send_outputs([self._output(r) for r in aborted])
+            self._release_finished()
+
+    def _release_finished(self) -> None:
+        still_running = []
+        for req in self.running:
+            if req.finish is None:
+                still_running.append(req)
+            else:
+                self.memory.release(req)
+        self.running = still_running
+
+    def _output(self, req: Req) -> ReqTokenOut:
+        first = req.num_sent_ids == 0
+        new_ids = req.output_ids[req.num_sent_ids:]
+        req.num_sent_ids = len(req.output_ids)
+        return ReqTokenOut(
+            rid=req.rid, new_ids=new_ids, finish=req.finish,
+            prompt_tokens=len(req.input_ids), completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            skip_special_tokens=req.sampling.skip_special_tokens,
+            decode_prefix_ids=req.input_ids[-DECODE_PREFIX_LEN:] if first else [])

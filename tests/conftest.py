@@ -1,0 +1,25 @@
+"""Shared fixtures: one real default-model server for the integration tests of a session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import RunningServer, start_server
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    server = start_server(Path(tmp_path_factory.mktemp("default-server")),
+                          "--max-total-tokens", "65536")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    from shoal import model_store
+
+    return str(model_store.prepare())

@@ -1,0 +1,110 @@
+"""Start a real `shoal serve` for a test, wait until it is healthy, and make sure it is gone after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+STARTUP_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+
+    @property
+    def openai_url(self) -> str:
+        return self.base_url + "/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def component_pids(self) -> dict[str, int]:
+        """Process title → pid of every shoal component this server started."""
+        found = {}
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                title = " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            if title.startswith("shoal::"):
+                found[title.strip()] = child.pid
+        return found
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid)
+            return self.proc.wait()
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def start_server(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None,
+                 wait: bool = True) -> RunningServer:
+    port = free_port()
+    log_path = tmp_dir / f"server-{port}.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "serve", "--port", str(port), *flags],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = RunningServer(proc=proc, base_url=f"http://127.0.0.1:{port}", log_path=log_path)
+    if wait:
+        wait_healthy(server)
+    return server
+
+
+def wait_healthy(server: RunningServer, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{server.log()}")
+
+
+def shoal_processes() -> list[psutil.Process]:
+    """Every process whose title says it is a shoal component."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info["cmdline"] or []
+        if cmdline and cmdline[0].startswith("shoal::"):
+            found.append(p)
+    return found

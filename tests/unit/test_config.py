@@ -1,0 +1,68 @@
+"""Flags, env fallback and the launch plan built from them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from shoal.config import (ConfigError, ServerArgs, add_server_flags, server_args_from_namespace,
+                          to_argv)
+from shoal.launch.plan import build_plan
+
+
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServerArgs:
+    parser = argparse.ArgumentParser()
+    add_server_flags(parser)
+    return server_args_from_namespace(parser.parse_args(argv), environ or {})
+
+
+def test_defaults() -> None:
+    args = parse([])
+    assert args.port == 30000 and args.tp == 1 and args.watchdog_timeout == 300
+    assert args.disaggregation_bootstrap_port == 8998 and args.model_path is None
+
+
+def test_env_fallback_and_flag_wins() -> None:
+    env = {"SHOAL_PORT": "31000", "SHOAL_TP": "2", "SHOAL_DISABLE_RADIX_CACHE": "true",
+           "SHOAL_SCHEDULE_POLICY": "lpm"}
+    args = parse(["--tp", "4"], env)
+    assert args.port == 31000 and args.tp == 4
+    assert args.disable_radix_cache is True and args.schedule_policy == "lpm"
+
+
+@pytest.mark.parametrize("env", [{"SHOAL_PORT": "x"}, {"SHOAL_SCHEDULE_POLICY": "random"},
+                                 {"SHOAL_ENABLE_METRICS": "maybe"}])
+def test_bad_env_values_are_config_errors(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        parse([], env)
+
+
+@pytest.mark.parametrize("argv", [["--tp", "0"], ["--nnodes", "2"], ["--node-rank", "1"],
+                                  ["--tp", "3", "--nnodes", "2", "--dist-init-addr", "h:1"],
+                                  ["--port", "70000"], ["--max-total-tokens", "1"]])
+def test_impossible_configs_are_refused(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        parse(argv)
+
+
+def test_to_argv_round_trips() -> None:
+    args = parse(["--tp", "2", "--enable-metrics", "--model-path", "/m", "--watchdog-timeout", "5"])
+    assert parse(to_argv(args)) == args
+
+
+def test_plan_single_node() -> None:
+    plan = build_plan(parse(["--tp", "2"]), "/run/x", python="py")
+    assert [c.name for c in plan.components] == ["api", "detokenizer", "scheduler_TP0",
+                                                 "scheduler_TP1"]
+    sched = plan.components[3]
+    assert sched.title == "shoal::scheduler_TP1"
+    assert sched.argv[:5] == ("py", "-m", "shoal", "component", "scheduler")
+    assert "--tp-rank" in sched.argv and sched.argv[sched.argv.index("--tp-rank") + 1] == "1"
+
+
+def test_plan_pipeline_and_second_node() -> None:
+    args = parse(["--tp", "2", "--pp", "2", "--nnodes", "2", "--node-rank", "1",
+                  "--dist-init-addr", "leader:5000"])
+    names = [c.name for c in build_plan(args, "/run/x").components]
+    assert names == ["scheduler_PP1_TP0", "scheduler_PP1_TP1"]

@@ -1,0 +1,204 @@
+"""The scheduler on CPU with a fake model: admission, chunking, retraction, stops, aborts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shoal.engine.forward_batch import ForwardBatch
+from shoal.engine.kv_pool import ReqToTokenPool, TokenSlotAllocator
+from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, GenerateReq, ReqTokenOut,
+                                SamplingParams)
+from shoal.scheduler import prefill
+from shoal.scheduler.memory import ReqMemory
+from shoal.scheduler.scheduler import Scheduler, SchedulerLimits
+from shoal.scheduler.stop import StopChecker
+
+VOCAB = 50
+EOS = 0
+
+
+class CountingModel:
+    """Next token = last input token + 1 (mod VOCAB, skipping EOS); records each batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[ForwardBatch] = []
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.batches.append(batch)
+        last = batch.input_ids[batch.last_token_indices]
+        nxt = (last % (VOCAB - 1)) + 1
+        return torch.nn.functional.one_hot(nxt, VOCAB).float()
+
+
+class LetterTokenizer:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+class FakeIO:
+    def __init__(self) -> None:
+        self.inbox: list[AnyMessage] = []
+        self.outputs: list[ReqTokenOut] = []
+
+    def recv(self, blocking: bool) -> list[AnyMessage]:
+        messages, self.inbox = self.inbox, []
+        return messages
+
+    def send_outputs(self, outputs: list[ReqTokenOut]) -> None:
+        self.outputs += outputs
+
+    def send_ready(self, ready: ComponentReady) -> None:
+        pass
+
+    def tokens(self, rid: str) -> list[int]:
+        return [t for o in self.outputs if o.rid == rid for t in o.new_ids]
+
+    def finish(self, rid: str):  # type: ignore[no-untyped-def]
+        return next(o.finish for o in self.outputs if o.rid == rid and o.finish is not None)
+
+
+def make_scheduler(num_slots: int = 4096, max_running: int = 64, chunk: int = 2048,
+                   context: int = 1024) -> tuple[Scheduler, FakeIO, CountingModel]:
+    io, model = FakeIO(), CountingModel()
+    memory = ReqMemory(ReqToTokenPool(max_running + 1, context, torch.device("cpu")),
+                       TokenSlotAllocator(num_slots, torch.device("cpu")))
+    scheduler = Scheduler(runner=model, memory=memory, io=io,
+                          stop_checker=StopChecker(LetterTokenizer(), {EOS}, context),  # type: ignore[arg-type]
+                          limits=SchedulerLimits(context, max_running, chunk))
+    return scheduler, io, model
+
+
+def request(rid: str, prompt: list[int], max_new: int = 8, stream: bool = True,
+            **params: object) -> GenerateReq:
+    return GenerateReq(rid=rid, input_ids=prompt,
+                       sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0, **params),
+                       stream=stream)
+
+
+def run_until_idle(scheduler: Scheduler, max_steps: int = 10_000) -> None:
+    for _ in range(max_steps):
+        scheduler.step()
+        if not scheduler.has_work:
+            return
+    raise AssertionError("scheduler did not become idle")
+
+
+def expected_tokens(last: int, n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        last = (last % (VOCAB - 1)) + 1
+        out.append(last)
+    return out
+
+
+def test_generates_max_new_tokens_and_frees_everything() -> None:
+    scheduler, io, _ = make_scheduler()
+    io.inbox.append(request("a", [5, 6, 7], max_new=6))
+    run_until_idle(scheduler)
+    assert io.tokens("a") == expected_tokens(7, 6)
+    assert io.finish("a").kind == "length"
+    assert scheduler.memory.num_free_slots == 4096
+    assert scheduler.memory.num_free_rows == 65
+
+
+def test_non_streaming_request_gets_one_output_at_finish() -> None:
+    scheduler, io, _ = make_scheduler()
+    io.inbox.append(request("a", [1, 2], max_new=4, stream=False))
+    run_until_idle(scheduler)
+    assert len([o for o in io.outputs if o.rid == "a"]) == 1
+    assert io.outputs[0].new_ids == expected_tokens(2, 4)
+    assert io.outputs[0].completion_tokens == 4 and io.outputs[0].prompt_tokens == 2
+
+
+def test_continuous_batching_admits_new_requests_while_others_decode() -> None:
+    scheduler, io, model = make_scheduler()
+    io.inbox.append(request("a", [1, 2, 3], max_new=20))
+    for _ in range(3):
+        scheduler.step()
+    io.inbox.append(request("b", [10, 11], max_new=3))
+    scheduler.step()
+    # b's prefill ran in the same forward as a's decode step
+    assert model.batches[-1].extend_lens == [1, 2]
+    run_until_idle(scheduler)
+    assert io.tokens("a") == expected_tokens(3, 20)
+    assert io.tokens("b") == expected_tokens(11, 3)
+    # b finished and left long before a
+    finish_positions = [i for i, o in enumerate(io.outputs) if o.finish is not None]
+    assert [io.outputs[i].rid for i in finish_positions] == ["b", "a"]
+
+
+def test_chunked_prefill_interleaves_with_decode() -> None:
+    scheduler, io, model = make_scheduler(chunk=16)
+    io.inbox.append(request("short", [1], max_new=30))
+    scheduler.step()
+    io.inbox.append(request("long", list(range(1, 101)), max_new=2))
+    run_until_idle(scheduler)
+    chunk_batches = [b for b in model.batches if not b.is_decode]
+    assert len(chunk_batches) >= 7  # 100 prompt tokens in chunks of at most 16 (minus decodes)
+    assert all(b.num_tokens <= 16 + 1 for b in chunk_batches)
+    # the short request decoded a token in every one of those steps
+    assert all(b.batch_size == 2 for b in chunk_batches)
+    assert io.tokens("long") == expected_tokens(100, 2)
+    assert io.tokens("short") == expected_tokens(1, 30)
+
+
+def test_retraction_under_a_small_pool_keeps_outputs_and_leaks_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # reserve almost nothing for future output, so admission overcommits and decode runs short
+    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)
+    scheduler, io, _ = make_scheduler(num_slots=120, max_running=16)
+    prompts = {f"r{i}": [i + 1] * 10 for i in range(8)}
+    for rid, prompt in prompts.items():
+        io.inbox.append(request(rid, prompt, max_new=40))
+    run_until_idle(scheduler)
+    for rid, prompt in prompts.items():
+        assert io.tokens(rid) == expected_tokens(prompt[-1], 40), rid
+    assert scheduler.num_retracted > 0
+    assert scheduler.memory.num_free_slots == 120
+    assert scheduler.memory.num_free_rows == 17
+
+
+def test_stop_token_and_eos() -> None:
+    scheduler, io, _ = make_scheduler()
+    io.inbox.append(request("stop", [3], max_new=10, stop_token_ids=[6]))
+    io.inbox.append(request("eos", [VOCAB - 3], max_new=10))
+    io.inbox.append(request("ignore", [VOCAB - 3], max_new=4, ignore_eos=True))
+    run_until_idle(scheduler)
+    assert io.tokens("stop") == [4, 5, 6]
+    assert io.finish("stop").matched_token == 6
+    # VOCAB-3 → VOCAB-2 → VOCAB-1 → 1 → ...: the counting model never emits EOS (0)
+    assert io.finish("eos").kind == "length"
+    assert io.tokens("ignore") == expected_tokens(VOCAB - 3, 4)
+
+
+def test_stop_string() -> None:
+    scheduler, io, _ = make_scheduler()
+    # tokens 4, 5, 6 decode to "efg"
+    io.inbox.append(request("s", [3], max_new=10, stop=["fg"]))
+    run_until_idle(scheduler)
+    assert io.tokens("s") == [4, 5, 6]
+    assert io.finish("s").matched_str == "fg"
+
+
+def test_context_length_limits_generation() -> None:
+    scheduler, io, _ = make_scheduler(context=16)
+    io.inbox.append(request("a", list(range(1, 11)), max_new=100))
+    io.inbox.append(request("too-long", list(range(1, 17)), max_new=1))
+    run_until_idle(scheduler)
+    assert len(io.tokens("a")) == 6
+    assert io.finish("a").kind == "length"
+    assert io.finish("too-long").kind == "abort"
+    assert "context length" in io.finish("too-long").message
+
+
+def test_abort_waiting_and_running_requests() -> None:
+    scheduler, io, _ = make_scheduler(max_running=1)
+    io.inbox += [request("running", [1], max_new=100), request("waiting", [2], max_new=100)]
+    scheduler.step()
+    io.inbox += [AbortReq(rid="waiting"), AbortReq(rid="running")]
+    run_until_idle(scheduler)
+    assert io.finish("waiting").kind == "abort"
+    assert io.finish("running").kind == "abort"
+    assert len(io.tokens("running")) < 100
+    assert scheduler.memory.num_free_slots == 4096
