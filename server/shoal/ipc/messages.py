@@ -60,8 +60,9 @@ class AbortReq(Message):
 class ReqTokenOut(msgspec.Struct, array_like=True, kw_only=True):
     """New output ids of one request since its previous `ReqTokenOut`.
 
-    `decode_prefix_ids` is sent once, with the first output: the last few prompt ids, which the
-    detokenizer decodes as context so that the first token's leading space survives.
+    `decode_prefix_ids` and `stop` are sent once, with the first output: the last few prompt ids,
+    which the detokenizer decodes as context so that the first token's leading space survives, and
+    the request's stop strings, whose possible beginnings the detokenizer holds back.
     """
 
     rid: str
@@ -72,6 +73,7 @@ class ReqTokenOut(msgspec.Struct, array_like=True, kw_only=True):
     cached_tokens: int
     skip_special_tokens: bool = True
     decode_prefix_ids: list[int] = []
+    stop: list[str] = []
 
 
 class BatchTokenOut(Message):

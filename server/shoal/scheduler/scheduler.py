@@ -222,4 +222,5 @@ class Scheduler:
             prompt_tokens=len(req.input_ids), completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             skip_special_tokens=req.sampling.skip_special_tokens,
-            decode_prefix_ids=req.input_ids[-DECODE_PREFIX_LEN:] if first else [])
+            decode_prefix_ids=req.input_ids[-DECODE_PREFIX_LEN:] if first else [],
+            stop=req.sampling.stop if first else [])
