@@ -13,6 +13,7 @@ from shoal.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from shoal.engine.parallel import ParallelGroup
 from shoal.ipc import sockets
 from shoal.ipc.messages import ComponentReady
+from shoal.models import ModelConfig
 from shoal.scheduler.io import Rank0IO
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.scheduler import Scheduler, SchedulerLimits
@@ -28,21 +29,20 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks_per_node))
     model_path = resolve_model_path(args)
     device = resolve_device(args.device)
+    config = ModelConfig.from_pretrained(model_path)
+    limits = SchedulerLimits(
+        context_length=args.context_length or config.max_position_embeddings,
+        max_running_requests=args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
+        chunked_prefill_size=args.chunked_prefill_size)
     runner = ModelRunner(
         model_path=model_path, device=device, dtype=resolve_dtype(args.dtype, device),
-        tp=ParallelGroup.single(), pp_rank=component.pp_rank, pp_size=args.pp,
+        tp=ParallelGroup(), pp_rank=component.pp_rank, pp_size=args.pp,
         max_total_tokens=args.max_total_tokens,
-        max_running_requests=args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
-        context_length=args.context_length)
-    config = runner.model_config
+        max_running_requests=limits.max_running_requests, context_length=limits.context_length)
     tokenizer = load_tokenizer(model_path)
     eos_ids = set(config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos_ids.add(tokenizer.eos_token_id)
-    limits = SchedulerLimits(
-        context_length=runner.context_length,
-        max_running_requests=args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
-        chunked_prefill_size=args.chunked_prefill_size)
     io = Rank0IO(sockets.Endpoints(component.run_dir))
     scheduler = Scheduler(
         runner=runner,
