@@ -1,0 +1,126 @@
+"""Attention over the paged KV pool.
+
+The model calls `prepare(batch)` once per forward, then `forward(layer, q, k, v)` in every layer.
+A backend writes the new tokens' K/V to the pool and attends each new token to its request's
+tokens `req_to_token[row, :seq_len]`, causally: new token i of a request (position
+`prefix_len + i`) sees the positions `0 .. prefix_len + i`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from shoal.engine.forward_batch import ForwardBatch
+from shoal.engine.kv_pool import KVPool, ReqToTokenPool
+
+
+class AttentionBackend(ABC):
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Precompute whatever every layer of this forward shares (indices, masks)."""
+
+    @abstractmethod
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> torch.Tensor:
+        """Store k/v [num_tokens, num_kv_heads, head_dim] at `batch.out_cache_loc` in `layer`'s
+        buffers and return the attention output for q [num_tokens, num_heads, head_dim], of the
+        same shape as q. Only valid after `prepare` of the batch these tokens belong to."""
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """The keys some requests attend to, padded to a common length, for one SDPA call.
+
+    slots: [requests, max_seq_len] KV slots; padding points at slot 0.
+    mask:  [requests, 1, queries, max_seq_len], True where a query may attend.
+    """
+
+    slots: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _ExtendRow:
+    start: int  # the row's new tokens are [start, end) of the batch's token dimension
+    end: int
+    keys: _Keys
+
+
+class TorchNativeBackend(AttentionBackend):
+    """`scaled_dot_product_attention` over gathered K/V: decode rows together in one call,
+    each extend row (prefill chunk) in its own call."""
+
+    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool) -> None:
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token
+        self._out_cache_loc = torch.empty(0, dtype=torch.int64)
+        self._decode: _Keys | None = None
+        self._decode_tokens: torch.Tensor | None = None  # None: every token is a decode row
+        self._extends: list[_ExtendRow] = []
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self._out_cache_loc = batch.out_cache_loc
+        if batch.is_decode:
+            self._decode = self._decode_keys(batch.req_pool_indices, batch.seq_lens)
+            self._decode_tokens, self._extends = None, []
+            return
+        rows = batch.req_pool_indices.tolist()
+        starts = [0]
+        for n in batch.extend_lens[:-1]:
+            starts.append(starts[-1] + n)
+        self._extends = [
+            _ExtendRow(starts[r], starts[r] + n, self._extend_keys(rows[r], n, seq_len))
+            for r, (n, seq_len) in enumerate(zip(batch.extend_lens, batch.seq_lens_list))
+            if n > 1]
+        decode = [r for r, n in enumerate(batch.extend_lens) if n == 1]
+        self._decode = self._decode_tokens = None
+        if decode:
+            device = batch.input_ids.device
+            picked = torch.tensor(decode, dtype=torch.int64, device=device)
+            self._decode = self._decode_keys(batch.req_pool_indices[picked], batch.seq_lens[picked])
+            self._decode_tokens = torch.tensor([starts[r] for r in decode], dtype=torch.int64,
+                                               device=device)
+
+    def _decode_keys(self, rows: torch.Tensor, seq_lens: torch.Tensor) -> _Keys:
+        max_len = int(seq_lens.max())
+        positions = torch.arange(max_len, device=seq_lens.device)
+        mask = positions[None, :] < seq_lens[:, None]
+        slots = self.req_to_token.table[rows, :max_len].masked_fill(~mask, 0)
+        return _Keys(slots, mask[:, None, None, :])
+
+    def _extend_keys(self, row: int, extend_len: int, seq_len: int) -> _Keys:
+        table = self.req_to_token.table
+        keys = torch.arange(seq_len, device=table.device)
+        queries = torch.arange(seq_len - extend_len, seq_len, device=table.device)
+        mask = keys[None, :] <= queries[:, None]
+        return _Keys(table[row, :seq_len][None], mask[None, None])
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> torch.Tensor:
+        self.kv_pool.write(layer, self._out_cache_loc, k, v)
+        k_cache, v_cache = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        if self._decode is not None and self._decode_tokens is None:
+            return _attend(self._decode, q[:, None], k_cache, v_cache)[:, 0]
+        out = torch.empty_like(q)
+        if self._decode is not None:
+            tokens = self._decode_tokens
+            assert tokens is not None
+            out[tokens] = _attend(self._decode, q[tokens, None], k_cache, v_cache)[:, 0]
+        for row in self._extends:
+            out[row.start:row.end] = _attend(row.keys, q[None, row.start:row.end],
+                                             k_cache, v_cache)[0]
+        return out
+
+
+def _attend(keys: _Keys, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+            ) -> torch.Tensor:
+    """q [requests, queries, heads, dim] -> attention output of the same shape."""
+    k = k_cache[keys.slots].transpose(1, 2)
+    v = v_cache[keys.slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=keys.mask,
+                                         enable_gqa=True)
+    return out.transpose(1, 2)

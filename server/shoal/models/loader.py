@@ -1,0 +1,56 @@
+"""Read a safetensors checkpoint one tensor at a time, handing each rank only its shard.
+
+`safe_open(...).get_slice(name)` reads nothing until indexed, so a layer that narrows a slice
+(`source[start:end]`) pulls just its rows or columns from disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from safetensors import safe_open
+
+
+class TensorSlice(Protocol):
+    def get_shape(self) -> list[int]: ...
+
+    def __getitem__(self, index: Any) -> torch.Tensor: ...
+
+
+class LoadableModel(Protocol):
+    def load_weight(self, name: str, source: TensorSlice) -> list[str]:
+        """Copy checkpoint tensor `name` into this rank's parameters; the names it filled."""
+        ...
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+
+def read_rows(source: TensorSlice, start: int, size: int) -> torch.Tensor:
+    return source[start:start + size]
+
+
+def read_cols(source: TensorSlice, start: int, size: int) -> torch.Tensor:
+    return source[:, start:start + size]
+
+
+def checkpoint_files(model_path: str | Path) -> list[Path]:
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_path}")
+    return files
+
+
+def load_checkpoint(model: LoadableModel, model_path: str | Path) -> None:
+    """Fill every parameter of `model` from the checkpoint; raise if any stays unfilled."""
+    filled: set[str] = set()
+    for file in checkpoint_files(model_path):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                filled.update(model.load_weight(name, f.get_slice(name)))
+    missing = sorted(name for name, _ in model.named_parameters() if name not in filled)
+    if missing:
+        raise ValueError(f"checkpoint {model_path} lacks weights for: {', '.join(missing[:8])}")
