@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import socket
 import sys
 import tempfile
 
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _serve(args: ServerArgs) -> int:
     from shoal.ipc.sockets import make_run_dir
+    from shoal.launch.node_health import serve_node_health
     from shoal.launch.plan import build_plan
     from shoal.launch.supervise import PlanRunner
 
@@ -61,9 +64,19 @@ def _serve(args: ServerArgs) -> int:
                         format="%(asctime)s [serve] %(levelname)s %(name)s: %(message)s")
     if args.model_path is None:
         model_store.prepare()  # once, before the components race to do it
+    if args.world_size > 1 and args.dist_init_addr is None:
+        args = dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{_free_port()}")
     with tempfile.TemporaryDirectory(prefix="shoal-") as run_dir:
-        plan = build_plan(args, make_run_dir(run_dir))
-        return PlanRunner(plan).run()
+        runner = PlanRunner(build_plan(args, make_run_dir(run_dir)))
+        if args.node_rank > 0:
+            serve_node_health(args.host, args.port, runner.all_alive)
+        return runner.run()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _model(ns: argparse.Namespace) -> int:

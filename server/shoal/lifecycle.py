@@ -60,7 +60,8 @@ def termination_message(code: int, component: str, rank: int | None, detail: str
 
 
 def write_termination_message(code: int, component: str, rank: int | None, detail: str) -> bool:
-    """Record why this server is ending, unless an earlier failure already did (first one wins)."""
+    """Record why this server is ending, unless an earlier failure already did (first one wins;
+    but a `peer-lost` message never shadows the failure that caused it)."""
     path = termination_log_path()
     line = termination_message(code, component, rank, detail)
     logger.error("termination: %s", line)
@@ -70,12 +71,22 @@ def write_termination_message(code: int, component: str, rank: int | None, detai
         with open(path, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             f.seek(0)
-            if f.read().strip():
+            existing = f.read().strip()
+            if existing and not (_is_peer_lost(existing) and code != ExitCode.PEER_LOST):
                 return False
+            f.seek(0)
+            f.truncate()
             f.write(line + "\n")
             return True
     except OSError as exc:
         logger.warning("cannot write termination message to %s: %s", path, exc)
+        return False
+
+
+def _is_peer_lost(line: str) -> bool:
+    try:
+        return json.loads(line.splitlines()[0]).get("reason") == REASONS[ExitCode.PEER_LOST]
+    except (ValueError, AttributeError):
         return False
 
 

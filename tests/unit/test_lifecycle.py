@@ -35,3 +35,10 @@ def test_reset_and_size_limit(log: Path) -> None:
     text = log.read_text()
     assert len(text.encode()) <= 4096
     assert json.loads(text)["reason"] == "crash" and json.loads(text)["exit_code"] == 137
+
+
+def test_peer_lost_never_shadows_the_real_failure(log: Path) -> None:
+    assert write_termination_message(ExitCode.PEER_LOST, "scheduler_TP0", 0, "peer gone")
+    assert write_termination_message(137, "scheduler_TP1", None, "killed by SIGKILL")
+    assert not write_termination_message(ExitCode.PEER_LOST, "scheduler_TP0", 0, "again")
+    assert read_termination_message()["component"] == "scheduler_TP1"

@@ -113,6 +113,7 @@ AnyMessage = GenerateReq | AbortReq | BatchTokenOut | BatchStrOut | ComponentRea
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)
+_list_decoder = msgspec.msgpack.Decoder(list[AnyMessage])
 
 
 def encode(message: Message) -> bytes:
@@ -121,3 +122,11 @@ def encode(message: Message) -> bytes:
 
 def decode(data: bytes) -> AnyMessage:
     return _decoder.decode(data)
+
+
+def encode_many(messages: list[AnyMessage]) -> bytes:
+    return _encoder.encode(messages)
+
+
+def decode_many(data: bytes) -> list[AnyMessage]:
+    return _list_decoder.decode(data)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 from collections.abc import Callable
 
 import setproctitle
 
-from shoal.config import ComponentArgs, ServerArgs
+from shoal import faults
+from shoal.config import ComponentArgs, ConfigError, ServerArgs
 from shoal.launch.plan import scheduler_name
 from shoal.lifecycle import ExitCode, die_with_parent, exit_process, write_termination_message
 
@@ -47,8 +49,11 @@ def run_component(role: str, args: ServerArgs, component: ComponentArgs) -> None
         level=args.log_level.upper(),
         format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s")
     try:
+        crash_after = faults.crash_after(faults.faults_from_env(), name)
+        if crash_after is not None:
+            threading.Timer(crash_after, _injected_crash, (name, rank)).start()
         _entry(role)(args, component)
-    except StartupFailed as exc:
+    except (StartupFailed, ConfigError) as exc:
         write_termination_message(ExitCode.STARTUP_FAILED, name, rank, str(exc))
         exit_process(ExitCode.STARTUP_FAILED)
     except SystemExit as exc:
@@ -60,3 +65,9 @@ def run_component(role: str, args: ServerArgs, component: ComponentArgs) -> None
         write_termination_message(ExitCode.CRASH, name, rank, f"{type(exc).__name__}: {exc}")
         exit_process(ExitCode.CRASH)
     exit_process(ExitCode.COMPLETED)
+
+
+def _injected_crash(name: str, rank: int | None) -> None:
+    logger.error("%s crashed: injected by SHOAL_FAULT", name)
+    write_termination_message(ExitCode.CRASH, name, rank, "RuntimeError: injected by SHOAL_FAULT")
+    exit_process(ExitCode.CRASH)

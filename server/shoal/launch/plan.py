@@ -16,6 +16,7 @@ from shoal.config import ServerArgs, to_argv
 class ComponentSpec:
     name: str                  # also the process title suffix: shoal::<name>
     argv: tuple[str, ...]
+    rank: int | None = None    # global rank of a scheduler
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -36,9 +37,9 @@ def scheduler_name(pp_rank: int, tp_rank: int, pp_size: int) -> str:
 def build_plan(args: ServerArgs, run_dir: str, python: str = sys.executable) -> LaunchPlan:
     flags = to_argv(args)
 
-    def component(name: str, role: str, *extra: str) -> ComponentSpec:
+    def component(name: str, role: str, *extra: str, rank: int | None = None) -> ComponentSpec:
         argv = (python, "-m", "shoal", "component", role, "--run-dir", run_dir, *extra, *flags)
-        return ComponentSpec(name=name, argv=argv)
+        return ComponentSpec(name=name, argv=argv, rank=rank)
 
     components = []
     if args.node_rank == 0:
@@ -46,5 +47,6 @@ def build_plan(args: ServerArgs, run_dir: str, python: str = sys.executable) -> 
         components.append(component("detokenizer", "detokenizer"))
     for pp_rank, tp_rank in args.local_ranks():
         components.append(component(scheduler_name(pp_rank, tp_rank, args.pp), "scheduler",
-                                    "--pp-rank", str(pp_rank), "--tp-rank", str(tp_rank)))
+                                    "--pp-rank", str(pp_rank), "--tp-rank", str(tp_rank),
+                                    rank=pp_rank * args.tp + tp_rank))
     return LaunchPlan(run_dir=run_dir, components=tuple(components))

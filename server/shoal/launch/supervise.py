@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
 GRACE_S = 5.0
+PEER_LOST_GRACE_S = 2.0  # how long a peer-lost exit waits for the failure that caused it
 
 
 class PlanRunner:
@@ -43,12 +44,23 @@ class PlanRunner:
     def _request_stop(self, signum: int, frame: object) -> None:
         self._stop_requested = True
 
+    def all_alive(self) -> bool:
+        return all(proc.poll() is None for proc in self.procs.values())
+
     def _wait_for_first_exit(self) -> int:
+        """The exit code of the component that failed first. A rank that exits `peer-lost` is a
+        consequence, so the failure that caused it (often seen a moment later) is preferred."""
+        first_peer_lost_at: float | None = None
         while not self._stop_requested:
-            for spec in self.plan.components:
-                code = self.procs[spec.name].poll()
-                if code is not None:
-                    return self._on_component_exit(spec, code)
+            exited = [(spec, code) for spec in self.plan.components
+                      if (code := self.procs[spec.name].poll()) is not None]
+            primary = [(spec, code) for spec, code in exited if code != ExitCode.PEER_LOST]
+            if primary:
+                return self._on_component_exit(*primary[0])
+            if exited:
+                first_peer_lost_at = first_peer_lost_at or time.monotonic()
+                if time.monotonic() - first_peer_lost_at > PEER_LOST_GRACE_S:
+                    return self._on_component_exit(*exited[0])
             time.sleep(POLL_S)
         logger.info("stop requested: shutting the server down")
         return ExitCode.COMPLETED
@@ -57,12 +69,12 @@ class PlanRunner:
         if code < 0:
             signame = signal.Signals(-code).name
             code = 128 - code
-            write_termination_message(code, spec.name, None, f"{spec.title} killed by {signame}")
+            write_termination_message(code, spec.name, spec.rank, f"{spec.title} killed by {signame}")
         elif code == 0:
             code = ExitCode.CRASH
-            write_termination_message(code, spec.name, None, f"{spec.title} exited unexpectedly")
+            write_termination_message(code, spec.name, spec.rank, f"{spec.title} exited unexpectedly")
         else:  # no-op when the component already wrote its own message
-            write_termination_message(code, spec.name, None, f"{spec.title} exited with {code}")
+            write_termination_message(code, spec.name, spec.rank, f"{spec.title} exited with {code}")
         logger.error("%s exited with code %d: stopping the server", spec.title, code)
         return code
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -30,7 +31,17 @@ class SchedulerIO(Protocol):
 
 
 class Runner(Protocol):
-    def forward(self, batch: ForwardBatch) -> torch.Tensor: ...
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """Logits [batch, vocab]; None on a rank that does not hold them (an early PP stage)."""
+
+
+# (logits or None, the requests to sample for) -> one token per request, the same on every rank
+Sampling = Callable[[torch.Tensor | None, list[Req]], list[int]]
+
+
+def local_sampling(logits: torch.Tensor | None, reqs: list[Req]) -> list[int]:
+    assert logits is not None
+    return sampler.sample(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
 
 
 @dataclass
@@ -48,8 +59,12 @@ class SchedulerLimits:
 
 class Scheduler:
     def __init__(self, runner: Runner, memory: ReqMemory, io: SchedulerIO,
-                 stop_checker: StopChecker, limits: SchedulerLimits) -> None:
+                 stop_checker: StopChecker, limits: SchedulerLimits,
+                 sampling: Sampling = local_sampling,
+                 record_event: Callable[[str], None] | None = None) -> None:
         self.runner = runner
+        self.sampling = sampling
+        self.record_event = record_event  # the rank consensus check, when enabled
         self.memory = memory
         self.io = io
         self.stop_checker = stop_checker
@@ -77,6 +92,13 @@ class Scheduler:
         logits = self.runner.forward(batch.forward)
         self.num_forward_steps += 1
         self.process_results(batch, logits)
+
+    def describe_running(self) -> str:
+        lines = [f"{len(self.running)} running, {len(self.waiting)} waiting, "
+                 f"{self.num_forward_steps} forward passes"]
+        lines += [f"  {r.rid}: prompt {len(r.input_ids)}, output {len(r.output_ids)}, "
+                  f"cached {r.cached_len}" for r in self.running]
+        return "\n".join(lines)
 
     # -- requests in ------------------------------------------------------------------------
 
@@ -140,7 +162,11 @@ class Scheduler:
             self.memory.assign_row(req)
             self.running.append(req)
         rows = [(r, 1) for r in decoding] + adder.rows
-        return self._build(rows) if rows else None
+        if not rows:
+            return None
+        if self.record_event is not None:
+            self.record_event("batch " + " ".join(f"{r.rid}+{n}@{r.cached_len}" for r, n in rows))
+        return self._build(rows)
 
     def _make_room_for(self, decoding: list[Req]) -> list[Req]:
         """Retract the least-advanced requests until every remaining decode row has a slot."""
@@ -150,6 +176,8 @@ class Scheduler:
             self.memory.release(victim)
             self.waiting.appendleft(victim)
             self.num_retracted += 1
+            if self.record_event is not None:
+                self.record_event(f"retract {victim.rid}")
             logger.info("KV pool full: retracted %s (%d output tokens so far)", victim.rid,
                         len(victim.output_ids))
             decoding = [r for r in decoding if r is not victim]
@@ -181,7 +209,7 @@ class Scheduler:
 
     # -- results out ------------------------------------------------------------------------
 
-    def process_results(self, batch: ScheduledBatch, logits: torch.Tensor) -> None:
+    def process_results(self, batch: ScheduledBatch, logits: torch.Tensor | None) -> None:
         sampled_rows = []
         for i, (req, n) in enumerate(batch.rows):
             req.cached_len += n
@@ -189,8 +217,7 @@ class Scheduler:
                 sampled_rows.append(i)
         reqs = [batch.rows[i][0] for i in sampled_rows]
         if reqs:
-            tokens = sampler.sample(logits[sampled_rows], [r.sampling for r in reqs],
-                                    [r.generator for r in reqs])
+            tokens = self.sampling(None if logits is None else logits[sampled_rows], reqs)
             for req, token in zip(reqs, tokens):
                 req.output_ids.append(token)
                 req.finish = self.stop_checker.check(req)
