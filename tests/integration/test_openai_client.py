@@ -29,10 +29,9 @@ def model_name(client: OpenAI) -> str:
 
 
 def chat_prompt_tokens(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> int:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict):
-        ids = ids["input_ids"]
-    return len(ids)
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)
+    return len(encoded["input_ids"])
 
 
 def test_chat_usage_and_length_finish(client: OpenAI, model_name: str,

@@ -46,6 +46,8 @@ class ConsensusChecker:
             self._num_recorded += 1
             if self.corrupt_after_events is not None and \
                     self._num_recorded > self.corrupt_after_events:
+                if self._num_recorded == self.corrupt_after_events + 1:
+                    logger.warning("SHOAL_FAULT: rank %d now records corrupted events", self.rank)
                 event += " (corrupted by SHOAL_FAULT)"
             self._pending.append(event)
 
