@@ -1,0 +1,1 @@
+"""The api process: OpenAI-compatible and native HTTP routes over a `TokenizerManager`."""

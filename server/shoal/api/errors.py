@@ -1,0 +1,87 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "code", "param"}}` for every failure.
+
+Handlers turn FastAPI's 422 validation errors into 400s with a readable message, route misses into
+404s, and any unexpected exception into a 500, so a bad request never takes the server down.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    """An error with an HTTP status that is reported to the client as an OpenAI error body."""
+
+    def __init__(self, status_code: int, message: str, code: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_value" if param else "invalid_request", param)
+
+
+def error_type(status_code: int) -> str:
+    if status_code == 401:
+        return "authentication_error"
+    if status_code == 404:
+        return "not_found_error"
+    if status_code < 500:
+        return "invalid_request_error"
+    return "service_unavailable" if status_code == 503 else "server_error"
+
+
+def error_body(status_code: int, message: str, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type(status_code), "param": param,
+                      "code": code if code is not None else str(status_code)}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    body = error_body(error.status_code, error.message, error.code, error.param)
+    return JSONResponse(body, status_code=error.status_code)
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One line per problem, e.g. `max_tokens: Input should be a valid integer`."""
+    lines, param = [], None
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            return f"Invalid JSON body: {err.get('ctx', {}).get('error', err['msg'])}", None
+        loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+        param = param or (".".join(loc) or None)
+        detail = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{'.'.join(loc) or 'body'}: {detail}")
+    return "; ".join(lines) or "Invalid request", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(exc)
+        return error_response(bad_request(message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error on %s", request.url.path)
+        return error_response(APIError(500, f"Internal server error: {exc}", "internal_error"))

@@ -1,0 +1,317 @@
+"""The api process's side of the engine: tokenize, check limits, submit, and route outputs back.
+
+Every in-flight request has a `ReqState` whose queue receives that request's `ReqStrOut` chunks.
+One receive loop (`_handle_loop`) reads the api PULL socket and routes `BatchStrOut` chunks by rid
+and `ComponentReady` into the readiness table. The loop is started lazily by `start()` on the
+running event loop (uvicorn's), so constructing a manager needs no event loop.
+
+A request whose client goes away is aborted: `generate`'s iterator sends an `AbortReq` when it is
+closed or cancelled before the request finished, and while it waits it polls `is_disconnected`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+from shoal.api.errors import APIError, bad_request
+from shoal.config import ComponentArgs, ServerArgs
+from shoal.ipc import sockets
+from shoal.ipc.messages import (AbortReq, BatchStrOut, ComponentReady, FinishReason, GenerateReq,
+                                Message, ReqStrOut, SamplingParams, decode)
+from shoal.tokenizer import served_model_name
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_COMPONENTS = ("scheduler", "detokenizer")
+FALLBACK_MAX_NEW_TOKENS = 128  # used only while no context length is known
+HEALTH_CHECK_TIMEOUT_S = 20.0
+
+IsDisconnected = Callable[[], Awaitable[bool]]
+
+
+@dataclass
+class ReqState:
+    queue: asyncio.Queue[ReqStrOut] = field(default_factory=asyncio.Queue)
+    finished: bool = False
+    next_disconnect_check: float = 0.0
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """A whole (non-streamed) request: the concatenation of its chunks and the final counts."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    finish: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    e2e_latency: float
+
+
+def fit_max_new_tokens(prompt_len: int, requested: int | None, default: int | None,
+                       context_length: int | None) -> int:
+    """How many new tokens a request may generate, or a 400 when it cannot fit the context.
+
+    `requested` is what the client asked for (None: not given). Without a request, the answer is
+    `default` (None: everything the context leaves), clipped to the room left; an explicit request
+    that does not fit is an error, as with OpenAI.
+    """
+    if context_length is None:
+        return requested or default or FALLBACK_MAX_NEW_TOKENS
+    if prompt_len >= context_length:
+        raise bad_request(f"The input ({prompt_len} tokens) is longer than the model's context "
+                          f"length ({context_length} tokens).")
+    room = context_length - prompt_len
+    if requested is None:
+        return min(default, room) if default else room
+    if requested > room:
+        raise bad_request(
+            f"Requested token count exceeds the model's maximum context length of "
+            f"{context_length} tokens. You requested a total of {prompt_len + requested} tokens: "
+            f"{prompt_len} tokens from the input and {requested} tokens for the completion. "
+            f"Please reduce the input or the completion to fit within the limit.", "max_tokens")
+    return requested
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, component: ComponentArgs,
+                 tokenizer: PreTrainedTokenizerBase,
+                 required_components: Sequence[str] = REQUIRED_COMPONENTS,
+                 disconnect_poll_s: float = 1.0) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.model_name = served_model_name(args)
+        self.required_components = tuple(required_components)
+        self.ready: dict[str, ComponentReady] = {}
+        self.rid_to_state: dict[str, ReqState] = {}
+        self.last_receive_time = 0.0
+        self.disconnect_poll_s = disconnect_poll_s
+        endpoints = sockets.Endpoints(component.run_dir)
+        self._context = zmq.Context()
+        self._recv_sync = sockets.pull_socket(self._context, endpoints.api_input)
+        self._send_sock = sockets.push_socket(self._context, endpoints.scheduler_input)
+        self._recv_sock: zmq.asyncio.Socket | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # ---- lifecycle and readiness ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the receive loop on the running event loop (idempotent)."""
+        if self._loop_task is None:
+            self._recv_sock = zmq.asyncio.Socket.from_socket(self._recv_sync)
+            self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._context.destroy(linger=0)
+
+    @property
+    def missing_components(self) -> list[str]:
+        return [name for name in self.required_components if name not in self.ready]
+
+    @property
+    def is_ready(self) -> bool:
+        return not self.missing_components
+
+    def check_ready(self) -> None:
+        if not self.is_ready:
+            raise APIError(503, "The server is not ready yet (waiting for: "
+                           f"{', '.join(self.missing_components)}).", "service_unavailable")
+
+    def _scheduler_limit(self, name: str) -> int | None:
+        value = getattr(self.ready.get("scheduler"), name, 0)
+        return value or getattr(self.args, name)
+
+    @property
+    def context_length(self) -> int | None:
+        return self._scheduler_limit("context_length")
+
+    def limits(self) -> dict[str, int | None]:
+        return {name: self._scheduler_limit(name)
+                for name in ("context_length", "max_total_tokens", "max_running_requests")}
+
+    # ---- tokenization and limits ----------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      tokenize=False)
+        except (TemplateError, ValueError) as exc:
+            raise bad_request(f"Cannot apply the chat template: {exc}", "messages") from exc
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def check_token_ids(self, ids: list[int], param: str, allow_empty: bool = False) -> None:
+        if not ids and not allow_empty:
+            raise bad_request("The prompt is empty.", param)
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise bad_request(f"Token id {bad} is out of the vocabulary [0, {self.vocab_size}).",
+                              param)
+
+    def max_new_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
+        # NOTE: one request must fit both the context window and the whole KV cache.
+        limits = [v for v in (self.context_length, self._scheduler_limit("max_total_tokens")) if v]
+        return fit_max_new_tokens(prompt_len, requested, default, min(limits, default=None))
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def generate(self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None,
+                 stream: bool = False,
+                 is_disconnected: IsDisconnected | None = None) -> AsyncIterator[ReqStrOut]:
+        """Submit a request now and return an iterator over its chunks (the last has `finish`).
+
+        Raises `APIError` at once when the server is not ready or `rid` is in use. The iterator
+        ends early, aborting the request, when `is_disconnected` turns true; closing or cancelling
+        it before the last chunk aborts the request too.
+        """
+        self.start()
+        self.check_ready()
+        rid = rid or uuid.uuid4().hex
+        if rid in self.rid_to_state:
+            raise bad_request(f"Request id {rid!r} is already in use.", "rid")
+        state = self.rid_to_state[rid] = ReqState()
+        self._send(GenerateReq(rid=rid, input_ids=input_ids, sampling=sampling, stream=stream))
+        return self._outputs(rid, state, is_disconnected)
+
+    async def _outputs(self, rid: str, state: ReqState,
+                       is_disconnected: IsDisconnected | None) -> AsyncIterator[ReqStrOut]:
+        try:
+            while (out := await self._next_output(state, is_disconnected)) is not None:
+                yield out
+                if out.finish is not None:
+                    return
+            logger.info("client disconnected, aborting request %s", rid)
+        finally:
+            if not state.finished:
+                self.abort(rid)
+
+    async def _next_output(self, state: ReqState,
+                           is_disconnected: IsDisconnected | None) -> ReqStrOut | None:
+        """The next chunk, or None once the client is gone (checked every `disconnect_poll_s`,
+        also while chunks keep coming)."""
+        while True:
+            now = time.monotonic()
+            if is_disconnected is not None and now >= state.next_disconnect_check:
+                state.next_disconnect_check = now + self.disconnect_poll_s
+                if await is_disconnected():
+                    return None
+            timeout = max(state.next_disconnect_check - now, 0.0) if is_disconnected else None
+            try:
+                return await asyncio.wait_for(state.queue.get(), timeout)
+            except TimeoutError:
+                continue
+
+    async def generate_full(self, input_ids: list[int], sampling: SamplingParams, *,
+                            rid: str | None = None,
+                            is_disconnected: IsDisconnected | None = None) -> GenerateResult:
+        """Run a request to the end; an aborted request raises a 500 `APIError`."""
+        start = time.monotonic()
+        texts: list[str] = []
+        output_ids: list[int] = []
+        last: ReqStrOut | None = None
+        async for last in self.generate(input_ids, sampling, rid=rid,
+                                         is_disconnected=is_disconnected):
+            texts.append(last.text)
+            output_ids.extend(last.new_ids)
+        if last is None or last.finish is None:
+            raise APIError(499, "Client closed the request.", "client_disconnected")
+        if last.finish.kind == "abort":
+            raise APIError(500, last.finish.message or "The request was aborted.", "aborted")
+        return GenerateResult(rid=last.rid, text="".join(texts), output_ids=output_ids,
+                              finish=last.finish, prompt_tokens=last.prompt_tokens,
+                              completion_tokens=last.completion_tokens,
+                              cached_tokens=last.cached_tokens,
+                              e2e_latency=time.monotonic() - start)
+
+    def abort(self, rid: str, message: str = "Aborted by request.") -> None:
+        """Drop a request: tell the scheduler, and end its iterator with an `abort` chunk."""
+        state = self.rid_to_state.pop(rid, None)
+        self._send(AbortReq(rid=rid))
+        if state is not None and not state.finished:
+            state.finished = True
+            state.queue.put_nowait(ReqStrOut(
+                rid=rid, text="", new_ids=[], finish=FinishReason(kind="abort", message=message),
+                prompt_tokens=0, completion_tokens=0, cached_tokens=0))
+
+    def abort_all(self) -> None:
+        for rid in list(self.rid_to_state):
+            self.abort(rid)
+
+    async def health_generate(self, timeout_s: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
+        """True when a one-token generation finishes within the timeout (or, under load, when
+        outputs keep arriving)."""
+        if not self.is_ready:
+            return False
+        if self.rid_to_state and time.monotonic() - self.last_receive_time < timeout_s:
+            return True
+        sampling = SamplingParams(max_new_tokens=1, temperature=0.0)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.generate_full([0], sampling, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
+        except (TimeoutError, APIError) as exc:
+            logger.warning("health generation failed: %r", exc)
+            return False
+        return True
+
+    # ---- ZMQ ------------------------------------------------------------------------------------
+
+    def _send(self, message: Message) -> None:
+        # NOTE: PUSH with SNDHWM=0 queues without blocking, so a plain socket is safe here.
+        sockets.send(self._send_sock, message)
+
+    async def _handle_loop(self) -> None:
+        assert self._recv_sock is not None
+        while True:
+            data = await self._recv_sock.recv()
+            try:
+                message = decode(data)
+            except msgspec.DecodeError:
+                logger.exception("dropping an undecodable message (%d bytes)", len(data))
+                continue
+            self.last_receive_time = time.monotonic()
+            try:
+                self._dispatch(message)
+            except Exception:  # one bad message must not stop the loop every request waits on
+                logger.exception("failed to handle %s", type(message).__name__)
+
+    def _dispatch(self, message: Message) -> None:
+        if isinstance(message, BatchStrOut):
+            for out in message.outputs:
+                self._route(out)
+        elif isinstance(message, ComponentReady):
+            logger.info("component ready: %s", message)
+            self.ready[message.component] = message
+        else:
+            logger.warning("unexpected message on the api socket: %s", type(message).__name__)
+
+    def _route(self, out: ReqStrOut) -> None:
+        state = self.rid_to_state.get(out.rid)
+        if state is None:
+            return  # aborted already: late chunks are dropped
+        if out.finish is not None:
+            del self.rid_to_state[out.rid]
+            state.finished = True
+        state.queue.put_nowait(out)

@@ -1,0 +1,101 @@
+"""Pure tests of the api's request models and length rules (no server, no tokenizer)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from shoal.api.errors import APIError
+from shoal.api.protocol import (ChatCompletionChunk, ChatCompletionRequest, ChatStreamChoice,
+                                CompletionRequest, DeltaMessage, GenerateRequest, Usage)
+from shoal.api.tokenizer_manager import fit_max_new_tokens
+from shoal.ipc.messages import SamplingParams
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("prompt_len, requested, default, context, expected", [
+    (10, None, None, 100, 90),      # OpenAI: no max_tokens → everything left
+    (10, None, 128, 100, 90),       # native default clipped to the room left
+    (10, None, 16, 100, 16),
+    (10, 90, None, 100, 90),        # exactly fits
+    (10, 5, None, None, 5),         # no context known yet
+    (10, None, None, None, 128),
+])
+def test_fit_max_new_tokens(prompt_len, requested, default, context, expected):
+    assert fit_max_new_tokens(prompt_len, requested, default, context) == expected
+
+
+@pytest.mark.parametrize("prompt_len, requested, fragment", [
+    (100, None, "is longer than the model's context length"),
+    (150, 1, "is longer than the model's context length"),
+    (10, 91, "exceeds the model's maximum context length"),
+])
+def test_fit_max_new_tokens_rejects(prompt_len, requested, fragment):
+    with pytest.raises(APIError) as info:
+        fit_max_new_tokens(prompt_len, requested, None, 100)
+    assert info.value.status_code == 400 and fragment in info.value.message
+
+
+def test_chat_request_to_sampling():
+    req = ChatCompletionRequest.model_validate({
+        "messages": USER, "temperature": 0, "top_p": 0.5, "top_k": 20, "min_p": 0.1,
+        "stop": "\n", "seed": 7, "ignore_eos": True, "stop_token_ids": [5],
+        "skip_special_tokens": False, "max_completion_tokens": 9})
+    assert req.requested_max_tokens == 9
+    sampling = req.to_sampling(9)
+    assert sampling == SamplingParams(max_new_tokens=9, temperature=0.0, top_p=0.5, top_k=20,
+                                      min_p=0.1, seed=7, stop=["\n"], stop_token_ids=[5],
+                                      ignore_eos=True, skip_special_tokens=False)
+    assert sampling.is_greedy
+
+
+def test_defaults_are_openai_defaults():
+    sampling = ChatCompletionRequest.model_validate({"messages": USER}).to_sampling(4)
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (1, 1, -1, 0)
+    assert sampling.stop == [] and not sampling.ignore_eos
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", "5"), ("max_tokens", 2.5),
+    ("temperature", -0.1), ("top_p", 0), ("top_p", 1.01), ("top_k", -2), ("min_p", 2),
+    ("n", 3), ("stop", ["a", "b", "c", "d", "e"]), ("stop", [""]), ("stop", 3),
+    ("seed", 2**63), ("stream", "yes"), ("logprobs", True), ("presence_penalty", 0.5),
+    ("messages", []), ("messages", [{"role": "wizard", "content": "x"}]),
+])
+def test_chat_request_rejects(field, value):
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate({"messages": USER, field: value})
+
+
+def test_completion_prompt_forms():
+    assert CompletionRequest.model_validate({"prompt": "a"}).prompt == "a"
+    assert CompletionRequest.model_validate({"prompt": [1, 2]}).prompt == [1, 2]
+    assert CompletionRequest.model_validate({"prompt": ["a"]}).prompt == "a"
+    assert CompletionRequest.model_validate({"prompt": [[3, 4]]}).prompt == [3, 4]
+    for bad in [["a", "b"], 5, None, [1.5]]:
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate({"prompt": bad})
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({})
+
+
+def test_native_request_allows_many_stops_and_defaults():
+    req = GenerateRequest.model_validate(
+        {"text": "x", "sampling_params": {"stop": ["a", "b", "c", "d", "e"], "top_k": 0}})
+    assert req.sampling_params.max_new_tokens is None
+    assert req.sampling_params.to_sampling(3).top_k == -1
+    assert GenerateRequest.model_validate({"input_ids": [1]}).sampling_params.temperature is None
+
+
+def test_chunk_delta_omits_unset_fields():
+    chunk = ChatCompletionChunk(id="c", created=0, model="m", choices=[
+        ChatStreamChoice(delta=DeltaMessage(content="hi"))])
+    body = chunk.model_dump()
+    assert body["choices"][0]["delta"] == {"content": "hi"}
+    assert body["choices"][0]["finish_reason"] is None
+
+
+def test_usage_totals():
+    usage = Usage.of(7, 3, 2)
+    assert usage.total_tokens == 10 and usage.prompt_tokens_details.cached_tokens == 2
