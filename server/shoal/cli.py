@@ -10,8 +10,10 @@ import sys
 import tempfile
 
 from shoal import model_store
+from shoal.bench import add_bench_commands, bench_main
 from shoal.config import (ComponentArgs, ConfigError, ServerArgs, add_server_flags,
                           server_args_from_namespace)
+from shoal.launch.supervisord import add_supervisord_flags
 from shoal.lifecycle import ExitCode
 
 
@@ -21,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run an OpenAI-compatible server")
     add_server_flags(serve)
+
+    conf = commands.add_parser("supervisord-conf",
+                               help="render the launch plan as a supervisord config")
+    add_server_flags(conf)
+    add_supervisord_flags(conf)
 
     component = commands.add_parser("component", help="run one component of a server")
     component.add_argument("role", choices=("api", "detokenizer", "scheduler"))
@@ -35,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                                         "prints its folder as the last line")
     prepare.add_argument("name", nargs="?", default=model_store.DEFAULT_MODEL)
     model_commands.add_parser("list", help="embedded models and whether they are prepared")
+    add_bench_commands(commands)
     return parser
 
 
@@ -42,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     ns = _parser().parse_args(argv)
     if ns.command == "model":
         sys.exit(_model(ns))
+    if ns.command == "bench":
+        sys.exit(bench_main(ns))
     try:
         args = server_args_from_namespace(ns)
     except ConfigError as exc:
@@ -49,6 +59,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.STARTUP_FAILED)
     if ns.command == "serve":
         sys.exit(_serve(args))
+    if ns.command == "supervisord-conf":
+        from shoal.launch.supervisord import supervisord_conf_main
+        sys.exit(supervisord_conf_main(args, ns))
     from shoal.launch.component import run_component
     run_component(ns.role, args, ComponentArgs(run_dir=ns.run_dir, pp_rank=ns.pp_rank,
                                                tp_rank=ns.tp_rank))

@@ -57,7 +57,8 @@ class ServerArgs:
             ((self.tp * self.pp) % self.nnodes == 0, "--tp x --pp must be divisible by --nnodes"),
             (self.nnodes == 1 or self.dist_init_addr is not None,
              "--dist-init-addr is required when --nnodes > 1"),
-            (self.page_size >= 1, "--page-size must be >= 1"),
+            (self.page_size == 1, "--page-size: only 1 is supported by the torch attention "
+                                  "backend (the KV pool is paged per token)"),
             (self.chunked_prefill_size >= 1, "--chunked-prefill-size must be >= 1"),
             (self.watchdog_timeout > 0, "--watchdog-timeout must be > 0"),
             (1 <= self.port <= 65535, "--port must be in [1, 65535]"),

@@ -54,3 +54,25 @@ def test_sigkill_of_any_component_ends_the_server(tmp_path: Path, victim: str) -
         assert message["exit_code"] == code == 128 + signal.SIGKILL
     finally:
         server.stop()
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--max-total-tokens", "4096")
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=120) as client:
+            with client.stream("POST", "/generate", json={
+                    "text": "Tell me a story.", "stream": True,
+                    "sampling_params": {"max_new_tokens": 48, "temperature": 0,
+                                        "ignore_eos": True}}) as r:
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data:"))
+                server.proc.send_signal(signal.SIGTERM)
+                rest = [line for line in lines if line.startswith("data:")]
+        assert rest[-1] == "data: [DONE]"
+        final = json.loads(rest[-2][5:])
+        assert json.loads(first[5:])["meta_info"]["completion_tokens"] >= 1
+        assert final["meta_info"]["completion_tokens"] == 48
+        assert final["meta_info"]["finish_reason"]["type"] == "length"
+        assert server.proc.wait(timeout=30) == 0
+    finally:
+        server.stop()

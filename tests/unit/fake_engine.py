@@ -21,8 +21,9 @@ import uvicorn
 import zmq
 
 from shoal.ipc import sockets
-from shoal.ipc.messages import (AbortReq, BatchStrOut, ComponentReady, FinishReason, GenerateReq,
-                                ReqStrOut)
+from shoal.ipc.messages import (AbortReq, AnyMessage, BatchStrOut, ComponentReady, ControlReply,
+                                FinishReason, FlushCacheReq, GenerateReq, ReqStrOut,
+                                SchedulerInfoReq)
 
 WORDS = ["Hello", ",", " world", "!", " How"]
 WORD_IDS = [100 + i for i in range(len(WORDS))]
@@ -110,18 +111,25 @@ class FakeEngine:
         while not self._stop.is_set():
             if pull.poll(timeout=2):
                 for message in sockets.recv_nowait(pull):
-                    self._handle(message)
+                    reply = self._handle(message)
+                    if reply is not None:
+                        sockets.send(push, reply)
             outputs = self._due_outputs(time.monotonic())
             if outputs:
                 sockets.send(push, BatchStrOut(outputs=outputs))
         ctx.destroy(linger=0)
 
-    def _handle(self, message: GenerateReq | AbortReq) -> None:
+    def _handle(self, message: AnyMessage) -> ControlReply | None:
         self.received.append(message)
         if isinstance(message, GenerateReq):
             self._running[message.rid] = _Running(script(message), time.monotonic())
-        else:
+        elif isinstance(message, AbortReq):
             self._running.pop(message.rid, None)
+        elif isinstance(message, FlushCacheReq):
+            return ControlReply(rid=message.rid, ok=not self._running, message="busy")
+        elif isinstance(message, SchedulerInfoReq):
+            return ControlReply(rid=message.rid, ok=True, info={"num_free_slots": 7})
+        return None
 
     def _due_outputs(self, now: float) -> list[ReqStrOut]:
         outputs = []

@@ -234,6 +234,12 @@ def test_health_and_server_info(url):
     assert info["limits"] == {"context_length": CONTEXT, "max_total_tokens": 2 * CONTEXT,
                               "max_running_requests": 8}
     assert info["ready_components"] == ["detokenizer", "scheduler"]
+    assert info["scheduler"] == {"num_free_slots": 7}
+
+
+def test_flush_cache_route(url):
+    r = httpx.post(f"{url}/flush_cache")
+    assert r.status_code == 200 and r.json()["success"] is True
 
 
 def test_concurrent_requests_are_routed(url):

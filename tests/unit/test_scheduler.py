@@ -7,11 +7,13 @@ import torch
 
 from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.kv_pool import ReqToTokenPool, TokenSlotAllocator
-from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, GenerateReq, ReqTokenOut,
-                                SamplingParams)
+from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, ControlReply,
+                                FlushCacheReq, GenerateReq, ReqTokenOut, SamplingParams,
+                                SchedulerInfoReq)
 from shoal.scheduler import prefill
 from shoal.scheduler.memory import ReqMemory
-from shoal.scheduler.scheduler import Scheduler, SchedulerLimits
+from shoal.scheduler.prefix_cache import NoPrefixCache, RadixCache
+from shoal.scheduler.scheduler import Scheduler, SchedulerConfig
 from shoal.scheduler.stop import StopChecker
 
 VOCAB = 50
@@ -40,6 +42,7 @@ class FakeIO:
     def __init__(self) -> None:
         self.inbox: list[AnyMessage] = []
         self.outputs: list[ReqTokenOut] = []
+        self.replies: list[ControlReply] = []
 
     def recv(self, blocking: bool) -> list[AnyMessage]:
         messages, self.inbox = self.inbox, []
@@ -51,6 +54,9 @@ class FakeIO:
     def send_ready(self, ready: ComponentReady) -> None:
         pass
 
+    def send_reply(self, reply: ControlReply) -> None:
+        self.replies.append(reply)
+
     def tokens(self, rid: str) -> list[int]:
         return [t for o in self.outputs if o.rid == rid for t in o.new_ids]
 
@@ -59,13 +65,15 @@ class FakeIO:
 
 
 def make_scheduler(num_slots: int = 4096, max_running: int = 64, chunk: int = 2048,
-                   context: int = 1024) -> tuple[Scheduler, FakeIO, CountingModel]:
+                   context: int = 1024, radix: bool = True, policy: str = "fcfs"
+                   ) -> tuple[Scheduler, FakeIO, CountingModel]:
     io, model = FakeIO(), CountingModel()
-    memory = ReqMemory(ReqToTokenPool(max_running + 1, context, torch.device("cpu")),
-                       TokenSlotAllocator(num_slots, torch.device("cpu")))
+    allocator = TokenSlotAllocator(num_slots, torch.device("cpu"))
+    memory = ReqMemory(ReqToTokenPool(max_running + 1, context, torch.device("cpu")), allocator,
+                       RadixCache(allocator) if radix else NoPrefixCache())
     scheduler = Scheduler(runner=model, memory=memory, io=io,
                           stop_checker=StopChecker(LetterTokenizer(), {EOS}, context),  # type: ignore[arg-type]
-                          limits=SchedulerLimits(context, max_running, chunk))
+                          config=SchedulerConfig(context, max_running, chunk, policy))
     return scheduler, io, model
 
 
@@ -98,7 +106,7 @@ def test_generates_max_new_tokens_and_frees_everything() -> None:
     run_until_idle(scheduler)
     assert io.tokens("a") == expected_tokens(7, 6)
     assert io.finish("a").kind == "length"
-    assert scheduler.memory.num_free_slots == 4096
+    assert scheduler.memory.check_idle_integrity()
     assert scheduler.memory.num_free_rows == 65
 
 
@@ -155,7 +163,7 @@ def test_retraction_under_a_small_pool_keeps_outputs_and_leaks_nothing(
     for rid, prompt in prompts.items():
         assert io.tokens(rid) == expected_tokens(prompt[-1], 40), rid
     assert scheduler.num_retracted > 0
-    assert scheduler.memory.num_free_slots == 120
+    assert scheduler.memory.check_idle_integrity()
     assert scheduler.memory.num_free_rows == 17
 
 
@@ -201,4 +209,64 @@ def test_abort_waiting_and_running_requests() -> None:
     assert io.finish("waiting").kind == "abort"
     assert io.finish("running").kind == "abort"
     assert len(io.tokens("running")) < 100
-    assert scheduler.memory.num_free_slots == 4096
+    assert scheduler.memory.check_idle_integrity()
+
+
+def test_shared_prefix_is_served_from_the_cache_with_the_same_output() -> None:
+    prefix = list(range(1, 41))
+    outputs = {}
+    for radix in (True, False):
+        scheduler, io, model = make_scheduler(radix=radix)
+        io.inbox.append(request("first", prefix + [7], max_new=5))
+        run_until_idle(scheduler)
+        io.inbox.append(request("second", prefix + [9], max_new=5, stream=False))
+        run_until_idle(scheduler)
+        second = next(o for o in io.outputs if o.rid == "second")
+        outputs[radix] = (io.tokens("first"), io.tokens("second"), second.cached_tokens,
+                          model.batches[-5].num_tokens)
+        assert scheduler.memory.check_idle_integrity()
+    assert outputs[True][:2] == outputs[False][:2]
+    assert outputs[True][2] == 40 and outputs[False][2] == 0
+    assert outputs[True][3] == 1 and outputs[False][3] == 41  # the prefill computed 1 vs 41
+
+
+def test_retraction_with_the_cache_recomputes_little_and_leaks_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)
+    scheduler, io, _ = make_scheduler(num_slots=120, max_running=16)
+    for i in range(8):
+        io.inbox.append(request(f"r{i}", [i + 1] * 10, max_new=40))
+    run_until_idle(scheduler)
+    for i in range(8):
+        assert io.tokens(f"r{i}") == expected_tokens(i + 1, 40)
+    assert scheduler.num_retracted > 0
+    assert scheduler.memory.check_idle_integrity()
+
+
+def test_lpm_admits_the_longest_cached_prefix_first() -> None:
+    scheduler, io, model = make_scheduler(max_running=1, policy="lpm")
+    io.inbox.append(request("warm", list(range(1, 31)), max_new=1))
+    run_until_idle(scheduler)
+    io.inbox += [request("cold", [40, 41, 42], max_new=1),
+                 request("hot", list(range(1, 31)) + [5], max_new=1)]
+    run_until_idle(scheduler)
+    finished = [o.rid for o in io.outputs if o.finish is not None]
+    assert finished == ["warm", "hot", "cold"]
+
+
+def test_flush_cache_is_refused_while_busy() -> None:
+    scheduler, io, _ = make_scheduler()
+    io.inbox.append(request("a", list(range(1, 21)), max_new=30))
+    io.inbox.append(FlushCacheReq(rid="f1"))
+    scheduler.step()
+    assert io.replies[-1].ok is False and "cannot flush" in io.replies[-1].message
+    run_until_idle(scheduler)
+    assert scheduler.memory.cache.total_size > 0
+    io.inbox.append(FlushCacheReq(rid="f2"))
+    scheduler.step()
+    assert io.replies[-1].ok is True
+    assert scheduler.memory.cache.total_size == 0
+    assert scheduler.memory.allocator.num_free == 4096
+    io.inbox.append(SchedulerInfoReq(rid="i"))
+    scheduler.step()
+    assert io.replies[-1].info["num_free_slots"] == 4096

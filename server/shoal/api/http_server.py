@@ -11,6 +11,7 @@ import dataclasses
 import secrets
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import FrameType
@@ -29,7 +30,7 @@ from shoal.api.protocol import (AbortRequest, ChatCompletionRequest, CompletionR
 from shoal.api.sse import sse_response
 from shoal.api.tokenizer_manager import GenerateResult, TokenizerManager
 from shoal.config import ComponentArgs, ServerArgs
-from shoal.ipc.messages import ReqStrOut
+from shoal.ipc.messages import FlushCacheReq, ReqStrOut, SchedulerInfoReq
 from shoal.launch.component import StartupFailed
 from shoal.tokenizer import load_tokenizer, resolve_model_path
 
@@ -186,9 +187,22 @@ def _add_info_routes(app: FastAPI, args: ServerArgs, tm: TokenizerManager) -> No
         resolved = dataclasses.asdict(args)
         if resolved["api_key"]:
             resolved["api_key"] = "<redacted>"
+        pool = (await tm.control(SchedulerInfoReq(rid=_control_rid()))).info if tm.is_ready \
+            else None
         return {**resolved, "version": __version__, "served_model_name": tm.model_name,
                 "limits": tm.limits(), "ready_components": sorted(tm.ready),
-                "num_running_requests": len(tm.rid_to_state)}
+                "num_running_requests": len(tm.rid_to_state), "scheduler": pool}
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> JSONResponse:
+        reply = await tm.control(FlushCacheReq(rid=_control_rid()))
+        if not reply.ok:
+            raise bad_request(f"Cache not flushed: {reply.message}.")
+        return JSONResponse({"success": True, "message": "The prefix cache was flushed."})
+
+
+def _control_rid() -> str:
+    return f"control-{uuid.uuid4().hex}"
 
 
 def run_api(args: ServerArgs, component: ComponentArgs) -> None:

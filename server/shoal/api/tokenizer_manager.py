@@ -28,8 +28,9 @@ from transformers import PreTrainedTokenizerBase
 from shoal.api.errors import APIError, bad_request
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.ipc import sockets
-from shoal.ipc.messages import (AbortReq, BatchStrOut, ComponentReady, FinishReason, GenerateReq,
-                                Message, ReqStrOut, SamplingParams, decode)
+from shoal.ipc.messages import (AbortReq, BatchStrOut, ComponentReady, ControlReply, FinishReason,
+                                FlushCacheReq, GenerateReq, Message, ReqStrOut, SamplingParams,
+                                SchedulerInfoReq, decode)
 from shoal.tokenizer import served_model_name
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 REQUIRED_COMPONENTS = ("scheduler", "detokenizer")
 FALLBACK_MAX_NEW_TOKENS = 128  # used only while no context length is known
 HEALTH_CHECK_TIMEOUT_S = 20.0
+CONTROL_TIMEOUT_S = 10.0
 
 IsDisconnected = Callable[[], Awaitable[bool]]
 
@@ -107,6 +109,7 @@ class TokenizerManager:
         self._send_sock = sockets.push_socket(self._context, endpoints.scheduler_input)
         self._recv_sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._pending_replies: dict[str, asyncio.Future[ControlReply]] = {}
 
     # ---- lifecycle and readiness ----------------------------------------------------------------
 
@@ -276,6 +279,20 @@ class TokenizerManager:
             return False
         return True
 
+    async def control(self, message: FlushCacheReq | SchedulerInfoReq,
+                      timeout_s: float = CONTROL_TIMEOUT_S) -> ControlReply:
+        """Send a control request to the scheduler and wait for its reply."""
+        self.check_ready()
+        future: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
+        self._pending_replies[message.rid] = future
+        try:
+            self._send(message)
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(503, "The scheduler did not answer in time.", "service_unavailable")
+        finally:
+            self._pending_replies.pop(message.rid, None)
+
     # ---- ZMQ ------------------------------------------------------------------------------------
 
     def _send(self, message: Message) -> None:
@@ -304,6 +321,10 @@ class TokenizerManager:
         elif isinstance(message, ComponentReady):
             logger.info("component ready: %s", message)
             self.ready[message.component] = message
+        elif isinstance(message, ControlReply):
+            future = self._pending_replies.get(message.rid)
+            if future is not None and not future.done():
+                future.set_result(message)
         else:
             logger.warning("unexpected message on the api socket: %s", type(message).__name__)
 

@@ -109,7 +109,29 @@ class ComponentReady(Message):
     context_length: int = 0
 
 
-AnyMessage = GenerateReq | AbortReq | BatchTokenOut | BatchStrOut | ComponentReady
+class FlushCacheReq(Message):
+    """api → scheduler: drop the prefix cache; refused while requests are queued or running."""
+
+    rid: str
+
+
+class SchedulerInfoReq(Message):
+    """api → scheduler: the KV pool's and the queues' current numbers."""
+
+    rid: str
+
+
+class ControlReply(Message):
+    """scheduler rank 0 → api: the answer to a control request with the same rid."""
+
+    rid: str
+    ok: bool
+    message: str = ""
+    info: dict[str, int] = {}
+
+
+AnyMessage = (GenerateReq | AbortReq | BatchTokenOut | BatchStrOut | ComponentReady
+              | FlushCacheReq | SchedulerInfoReq | ControlReply)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)

@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
 GRACE_S = 5.0
+DRAIN_TIMEOUT_S = 120.0  # a clean stop lets the api finish in-flight requests this long
 PEER_LOST_GRACE_S = 2.0  # how long a peer-lost exit waits for the failure that caused it
 
 
@@ -35,10 +36,11 @@ class PlanRunner:
         for spec in self.plan.components:
             self.procs[spec.name] = subprocess.Popen(spec.argv, env={**os.environ, **spec.env})
             logger.info("started %s (pid %d)", spec.title, self.procs[spec.name].pid)
+        code: int = ExitCode.CRASH
         try:
             code = self._wait_for_first_exit()
         finally:
-            self._stop_all()
+            self._stop_all(drain=code == ExitCode.COMPLETED)
         return code
 
     def _request_stop(self, signum: int, frame: object) -> None:
@@ -78,11 +80,19 @@ class PlanRunner:
         logger.error("%s exited with code %d: stopping the server", spec.title, code)
         return code
 
-    def _stop_all(self) -> None:
-        alive = [p for p in self.procs.values() if p.poll() is None]
+    def _stop_all(self, drain: bool) -> None:
+        """SIGTERM, then SIGKILL after a grace period. A clean stop drains: the api (which stops
+        accepting and finishes its in-flight requests) goes first, the engine after it."""
+        if drain and "api" in self.procs:
+            self._terminate([self.procs["api"]], DRAIN_TIMEOUT_S)
+        self._terminate(list(self.procs.values()), GRACE_S)
+
+    @staticmethod
+    def _terminate(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+        alive = [p for p in procs if p.poll() is None]
         for proc in alive:
             proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_S
+        deadline = time.monotonic() + grace_s
         for proc in alive:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))

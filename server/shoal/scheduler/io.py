@@ -8,7 +8,8 @@ from __future__ import annotations
 import zmq
 
 from shoal.ipc import sockets
-from shoal.ipc.messages import AnyMessage, BatchTokenOut, ComponentReady, ReqTokenOut
+from shoal.ipc.messages import (AnyMessage, BatchTokenOut, ComponentReady, ControlReply,
+                                ReqTokenOut)
 
 IDLE_POLL_MS = 500
 
@@ -32,3 +33,6 @@ class Rank0IO:
 
     def send_ready(self, ready: ComponentReady) -> None:
         sockets.send(self._to_api, ready)
+
+    def send_reply(self, reply: ControlReply) -> None:
+        sockets.send(self._to_api, reply)

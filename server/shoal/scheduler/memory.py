@@ -1,41 +1,71 @@
-"""KV memory of requests: rows of the req→token table and the token slots they hold.
+"""KV memory of requests: rows of the req→token table, the slots they hold, the prefix cache.
 
-Allocation is check-then-commit: `can_*` answers first, the mutating call never half-succeeds.
+A running request's row maps positions to slots:
+
+    [0 ........ cache_owned_len) [cache_owned_len ........ cached_len)
+      matched in the prefix cache   computed by the request itself:
+      (owned by the cache, locked)  owned by the request until it is released
+
+Allocation is check-then-commit: callers check `num_available_slots` / `num_free_rows` first,
+and a mutating call never half-succeeds.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from shoal.engine.kv_pool import ReqToTokenPool, TokenSlotAllocator
+from shoal.scheduler.prefix_cache import PrefixCache, PrefixMatch
 from shoal.scheduler.request import Req
+
+logger = logging.getLogger(__name__)
 
 
 class ReqMemory:
-    def __init__(self, req_to_token: ReqToTokenPool, allocator: TokenSlotAllocator) -> None:
+    def __init__(self, req_to_token: ReqToTokenPool, allocator: TokenSlotAllocator,
+                 cache: PrefixCache) -> None:
         self.req_to_token = req_to_token
         self.allocator = allocator
+        self.cache = cache
 
     @property
-    def num_free_slots(self) -> int:
-        return self.allocator.num_free
+    def num_available_slots(self) -> int:
+        """Free slots plus cached ones that could be evicted."""
+        return self.allocator.num_free + self.cache.evictable_size
 
     @property
     def num_free_rows(self) -> int:
         return self.req_to_token.num_free
 
-    def assign_row(self, req: Req) -> None:
+    def match_prefix(self, req: Req) -> PrefixMatch:
+        """The cached prefix of a waiting request; at least its last token is left to compute,
+        so the forward produces the logits of the next token."""
+        return self.cache.match(req.fill_ids[:req.fill_len - 1])
+
+    def admit(self, req: Req, match: PrefixMatch) -> None:
+        """Give a request a row, starting from its cached prefix (locked until release)."""
         row = self.req_to_token.alloc()
         assert row is not None, "caller must check num_free_rows first"
-        req.row = row
+        matched = len(match.slots)
+        self.cache.lock(match.node)
+        self.req_to_token.table[row, :matched] = match.slots.to(self.req_to_token.table.device)
+        req.row, req.prefix_node = row, match.node
+        req.cached_len = req.cache_owned_len = matched
+        if not req.was_admitted:
+            req.cached_tokens = matched
+            req.was_admitted = True
 
     def alloc_slots(self, reqs: list[Req], extend_lens: list[int]) -> torch.Tensor:
-        """Slots for each request's next `extend_len` tokens, written into the table.
-
-        Returns the slots concatenated in request order (the batch's `out_cache_loc`).
-        """
-        slots = self.allocator.alloc(sum(extend_lens))
-        assert slots is not None, "caller must check num_free_slots first"
+        """Slots for each request's next `extend_len` tokens, written into the table; evicts
+        cached prefixes when the free list runs short. Returns the slots concatenated in request
+        order (the batch's `out_cache_loc`)."""
+        needed = sum(extend_lens)
+        if needed > self.allocator.num_free:
+            self.cache.evict(needed - self.allocator.num_free)
+        slots = self.allocator.alloc(needed)
+        assert slots is not None, "caller must check num_available_slots first"
         table = self.req_to_token.table
         if all(n == 1 for n in extend_lens):
             rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=table.device)
@@ -50,10 +80,28 @@ class ReqMemory:
         return slots
 
     def release(self, req: Req) -> None:
-        """Give back every slot and the row a request holds; its progress resets to nothing."""
+        """Hand a request's computed tokens to the prefix cache (slots it duplicates are freed),
+        unlock its prefix and free its row; its progress resets to nothing."""
         if req.row is None:
             return
-        self.allocator.free(self.req_to_token.table[req.row, :req.cached_len].clone())
+        slots = self.req_to_token.table[req.row, :req.cached_len].clone()
+        already_cached = self.cache.insert(req.fill_ids[:req.cached_len], slots)
+        self.allocator.free(slots[req.cache_owned_len:already_cached])
+        if req.prefix_node is not None:
+            self.cache.unlock(req.prefix_node)
         self.req_to_token.free(req.row)
-        req.row = None
-        req.cached_len = 0
+        req.row, req.prefix_node = None, None
+        req.cached_len = req.cache_owned_len = 0
+
+    def flush_cache(self) -> None:
+        """Drop every cached prefix. Only valid when no request holds KV."""
+        self.cache.reset()
+
+    def check_idle_integrity(self) -> bool:
+        """With no request holding KV, every slot is either free or cached."""
+        free, cached, total = self.allocator.num_free, self.cache.total_size, self.allocator.size
+        if free + cached != total:
+            logger.error("KV pool leak: %d free + %d cached != %d slots (%d missing)",
+                         free, cached, total, total - free - cached)
+            return False
+        return True

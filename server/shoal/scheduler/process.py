@@ -25,7 +25,8 @@ from shoal.scheduler.io import Rank0IO
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.ranks import (BroadcastingIO, FollowerIO, HangingRunner, PipelineStage,
                                    SharedSampling)
-from shoal.scheduler.scheduler import Scheduler, SchedulerLimits, local_sampling
+from shoal.scheduler.prefix_cache import NoPrefixCache, PrefixCache, RadixCache
+from shoal.scheduler.scheduler import Scheduler, SchedulerConfig, local_sampling
 from shoal.scheduler.stop import StopChecker
 from shoal.scheduler.watchdog import Watchdog
 from shoal.tokenizer import load_tokenizer, resolve_model_path
@@ -85,16 +86,18 @@ def _build_scheduler(args: ServerArgs, ctx: RankContext, device: torch.device,
     layout, groups = ctx.layout, ctx.groups
     model_path = resolve_model_path(args)
     config = ModelConfig.from_pretrained(model_path)
-    limits = SchedulerLimits(
+    sched_config = SchedulerConfig(
         context_length=args.context_length or config.max_position_embeddings,
         max_running_requests=args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
-        chunked_prefill_size=args.chunked_prefill_size)
+        chunked_prefill_size=args.chunked_prefill_size,
+        schedule_policy=args.schedule_policy)
     world = ParallelGroup(rank=layout.rank, size=layout.world_size, group=groups.control)
     runner = ModelRunner(
         model_path=model_path, device=device, dtype=resolve_dtype(args.dtype, device),
         tp=groups.tp, pp_rank=layout.pp_rank, pp_size=layout.pp_size,
         max_total_tokens=args.max_total_tokens,
-        max_running_requests=limits.max_running_requests, context_length=limits.context_length,
+        max_running_requests=sched_config.max_running_requests,
+        context_length=sched_config.context_length,
         world=world)
     tokenizer = load_tokenizer(model_path)
     eos_ids = set(config.eos_token_ids)
@@ -112,18 +115,21 @@ def _build_scheduler(args: ServerArgs, ctx: RankContext, device: torch.device,
         checker = ConsensusChecker(groups.consensus, ctx.name, layout.rank,
                                    faults.diverge_consensus_after(injected, layout.rank))
         checker.start()
+    cache: PrefixCache = (NoPrefixCache() if args.disable_radix_cache
+                          else RadixCache(runner.token_allocator))
     scheduler = Scheduler(
-        runner=forward_runner, memory=ReqMemory(runner.req_to_token_pool, runner.token_allocator),
-        io=io, stop_checker=StopChecker(tokenizer, eos_ids, limits.context_length),
-        limits=limits,
+        runner=forward_runner,
+        memory=ReqMemory(runner.req_to_token_pool, runner.token_allocator, cache),
+        io=io, stop_checker=StopChecker(tokenizer, eos_ids, sched_config.context_length),
+        config=sched_config,
         sampling=local_sampling if groups.control is None else SharedSampling(layout,
                                                                               groups.control),
         record_event=checker.record if checker is not None else None)
     io.send_ready(ComponentReady(component="scheduler", max_total_tokens=runner.max_total_tokens,
-                                 max_running_requests=limits.max_running_requests,
-                                 context_length=limits.context_length))
+                                 max_running_requests=sched_config.max_running_requests,
+                                 context_length=sched_config.context_length))
     logger.info("scheduler ready: %d KV slots, context %d, device %s",
-                runner.max_total_tokens, limits.context_length, device)
+                runner.max_total_tokens, sched_config.context_length, device)
     return scheduler
 
 

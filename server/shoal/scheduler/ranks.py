@@ -16,7 +16,8 @@ import torch.distributed as dist
 from shoal.engine.distributed import RankLayout, broadcast_bytes
 from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.model_runner import ModelRunner
-from shoal.ipc.messages import AnyMessage, ComponentReady, ReqTokenOut, decode_many, encode_many
+from shoal.ipc.messages import (AnyMessage, ComponentReady, ControlReply, ReqTokenOut, decode_many,
+                                encode_many)
 from shoal.scheduler.io import Rank0IO
 from shoal.scheduler.request import Req
 from shoal.scheduler.scheduler import local_sampling
@@ -40,6 +41,9 @@ class BroadcastingIO:
     def send_ready(self, ready: ComponentReady) -> None:
         self.inner.send_ready(ready)
 
+    def send_reply(self, reply: ControlReply) -> None:
+        self.inner.send_reply(reply)
+
 
 class FollowerIO:
     """Ranks other than 0: receive each round's messages from rank 0; send nothing."""
@@ -55,6 +59,9 @@ class FollowerIO:
         pass
 
     def send_ready(self, ready: ComponentReady) -> None:
+        pass
+
+    def send_reply(self, reply: ControlReply) -> None:
         pass
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shoal.ipc.messages import FinishReason, SamplingParams
+from shoal.scheduler.prefix_cache import TreeNode
 
 
 @dataclass(eq=False)
@@ -27,7 +28,10 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     row: int | None = None                 # row in req_to_token while it holds KV
     cached_len: int = 0                    # tokens whose K/V are in the pool
+    cache_owned_len: int = 0               # leading tokens whose K/V the prefix cache owns
+    prefix_node: TreeNode | None = None    # the locked prefix-cache node ending that prefix
     cached_tokens: int = 0                 # prompt tokens served from the prefix cache
+    was_admitted: bool = False             # a retracted request keeps its first cached_tokens
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
     num_sent_ids: int = 0                  # output ids already sent to the detokenizer

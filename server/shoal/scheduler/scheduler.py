@@ -12,10 +12,10 @@ import torch
 
 from shoal.engine import sampler
 from shoal.engine.forward_batch import ForwardBatch
-from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, FinishReason, GenerateReq,
-                                ReqTokenOut)
+from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, ControlReply, FinishReason,
+                                FlushCacheReq, GenerateReq, ReqTokenOut, SchedulerInfoReq)
 from shoal.scheduler.memory import ReqMemory
-from shoal.scheduler.prefill import PrefillAdder, future_slots
+from shoal.scheduler.prefill import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.request import Req
 from shoal.scheduler.stop import StopChecker
 
@@ -28,6 +28,7 @@ class SchedulerIO(Protocol):
     def recv(self, blocking: bool) -> list[AnyMessage]: ...
     def send_outputs(self, outputs: list[ReqTokenOut]) -> None: ...
     def send_ready(self, ready: ComponentReady) -> None: ...
+    def send_reply(self, reply: ControlReply) -> None: ...
 
 
 class Runner(Protocol):
@@ -51,15 +52,19 @@ class ScheduledBatch:
 
 
 @dataclass(frozen=True)
-class SchedulerLimits:
+class SchedulerConfig:
     context_length: int
     max_running_requests: int
     chunked_prefill_size: int
+    schedule_policy: str = "fcfs"  # fcfs | lpm (longest cached prefix first)
+
+
+LPM_MAX_QUEUE = 128  # beyond this many waiting requests, lpm's matching costs more than it saves
 
 
 class Scheduler:
     def __init__(self, runner: Runner, memory: ReqMemory, io: SchedulerIO,
-                 stop_checker: StopChecker, limits: SchedulerLimits,
+                 stop_checker: StopChecker, config: SchedulerConfig,
                  sampling: Sampling = local_sampling,
                  record_event: Callable[[str], None] | None = None) -> None:
         self.runner = runner
@@ -68,12 +73,16 @@ class Scheduler:
         self.memory = memory
         self.io = io
         self.stop_checker = stop_checker
-        self.limits = limits
+        self.config = config
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.num_forward_steps = 0
         self.num_retracted = 0
+        self.new_token_ratio = NewTokenRatio()
+        self.num_prompt_tokens = 0    # of admitted requests, for the cache hit rate
+        self.num_cached_tokens = 0
         self.should_stop = False
+        self._checked_idle = True
 
     @property
     def has_work(self) -> bool:
@@ -88,10 +97,29 @@ class Scheduler:
             self.handle(message)
         batch = self.schedule()
         if batch is None:
+            self._on_idle()
             return
+        self._checked_idle = False
         logits = self.runner.forward(batch.forward)
         self.num_forward_steps += 1
         self.process_results(batch, logits)
+
+    def _on_idle(self) -> None:
+        """Once per idle period: with nothing running, every slot must be free or cached."""
+        if not self.has_work and not self._checked_idle:
+            self.memory.check_idle_integrity()
+            self._checked_idle = True
+
+    def pool_info(self) -> dict[str, int]:
+        allocator, cache = self.memory.allocator, self.memory.cache
+        return {"num_total_slots": allocator.size, "num_free_slots": allocator.num_free,
+                "num_cached_slots": cache.total_size,
+                "num_evictable_slots": cache.evictable_size,
+                "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
+                "num_retracted_reqs": self.num_retracted,
+                "num_prompt_tokens": self.num_prompt_tokens,
+                "num_cached_tokens": self.num_cached_tokens,
+                "num_forward_steps": self.num_forward_steps}
 
     def describe_running(self) -> str:
         lines = [f"{len(self.running)} running, {len(self.waiting)} waiting, "
@@ -107,6 +135,10 @@ class Scheduler:
             self._add_request(message)
         elif isinstance(message, AbortReq):
             self._abort(message.rid)
+        elif isinstance(message, FlushCacheReq):
+            self._flush_cache(message.rid)
+        elif isinstance(message, SchedulerInfoReq):
+            self.io.send_reply(ControlReply(rid=message.rid, ok=True, info=self.pool_info()))
         else:
             logger.warning("scheduler ignores unexpected message %s", type(message).__name__)
 
@@ -123,11 +155,13 @@ class Scheduler:
     def _validate(self, req: Req) -> str | None:
         if not req.input_ids:
             return "the prompt is empty"
-        if len(req.input_ids) >= self.limits.context_length:
+        if len(req.input_ids) >= self.config.context_length:
             return (f"the prompt ({len(req.input_ids)} tokens) is longer than the model's context "
-                    f"length ({self.limits.context_length} tokens)")
-        if future_slots(req) > self.memory.allocator.size:
-            return "the request needs more KV cache than the whole pool holds"
+                    f"length ({self.config.context_length} tokens)")
+        if len(req.input_ids) + req.sampling.max_new_tokens > self.memory.allocator.size:
+            return (f"the prompt plus max_new_tokens ({len(req.input_ids)} + "
+                    f"{req.sampling.max_new_tokens}) exceed the KV cache pool "
+                    f"({self.memory.allocator.size} tokens)")
         return None
 
     def _abort(self, rid: str) -> None:
@@ -141,26 +175,36 @@ class Scheduler:
             if req.rid == rid and req.finish is None:
                 req.finish = FinishReason(kind="abort", message="aborted")
 
+    def _flush_cache(self, rid: str) -> None:
+        if self.has_work:
+            self.io.send_reply(ControlReply(rid=rid, ok=False, message=(
+                f"cannot flush the cache while {len(self.running)} requests run and "
+                f"{len(self.waiting)} wait")))
+            return
+        self.memory.flush_cache()
+        self.io.send_reply(ControlReply(rid=rid, ok=True))
+
     # -- scheduling -------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch | None:
         self._finish_aborted()
         decoding = [r for r in self.running if r.extend_len == 1]
         decoding = self._make_room_for(decoding)
-        reserved = sum(future_slots(r) for r in self.running)
+        if decoding:
+            self.new_token_ratio.on_step()
+        ratio = self.new_token_ratio.value
+        available = self.memory.num_available_slots
         adder = PrefillAdder(
-            token_budget=self.limits.chunked_prefill_size,
-            free_slots=self.memory.num_free_slots - len(decoding),
-            unreserved_slots=self.memory.num_free_slots - reserved,
+            token_budget=self.config.chunked_prefill_size,
+            free_slots=available - len(decoding),
+            unreserved_slots=available - sum(future_slots(r, ratio) for r in self.running),
             free_rows=min(self.memory.num_free_rows,
-                          self.limits.max_running_requests - len(self.running)))
+                          self.config.max_running_requests - len(self.running)),
+            new_token_ratio=ratio)
         for req in self.running:
             if req.extend_len > 1 and not adder.add_chunk(req):
                 break
-        while self.waiting and adder.try_admit(self.waiting[0]):
-            req = self.waiting.popleft()
-            self.memory.assign_row(req)
-            self.running.append(req)
+        self._admit(adder)
         rows = [(r, 1) for r in decoding] + adder.rows
         if not rows:
             return None
@@ -168,14 +212,35 @@ class Scheduler:
             self.record_event("batch " + " ".join(f"{r.rid}+{n}@{r.cached_len}" for r, n in rows))
         return self._build(rows)
 
+    def _admit(self, adder: PrefillAdder) -> None:
+        """Admit waiting requests in policy order until one does not fit."""
+        if self.config.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
+            matched = {id(r): len(self.memory.match_prefix(r).slots) for r in self.waiting}
+            self.waiting = deque(sorted(self.waiting, key=lambda r: -matched[id(r)]))
+        while self.waiting:
+            req = self.waiting[0]
+            match = self.memory.match_prefix(req)
+            if adder.try_admit(req, len(match.slots)) is None:
+                return
+            self.waiting.popleft()
+            first_admission = not req.was_admitted
+            self.memory.admit(req, match)
+            self.running.append(req)
+            if first_admission:
+                self.num_prompt_tokens += len(req.input_ids)
+                self.num_cached_tokens += req.cached_tokens
+            if self.record_event is not None:
+                self.record_event(f"admit {req.rid} prefix={len(match.slots)}")
+
     def _make_room_for(self, decoding: list[Req]) -> list[Req]:
         """Retract the least-advanced requests until every remaining decode row has a slot."""
-        while len(decoding) > self.memory.num_free_slots and len(self.running) > 1:
+        while len(decoding) > self.memory.num_available_slots and len(self.running) > 1:
             victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
             self.running.remove(victim)
             self.memory.release(victim)
             self.waiting.appendleft(victim)
             self.num_retracted += 1
+            self.new_token_ratio.on_retract()
             if self.record_event is not None:
                 self.record_event(f"retract {victim.rid}")
             logger.info("KV pool full: retracted %s (%d output tokens so far)", victim.rid,

@@ -1,0 +1,33 @@
+"""Benchmarks: `shoal bench serving` (any OpenAI-compatible server), `shoal bench forward` (the
+bare-forward ceiling) and `python -m shoal.bench.suite` (the `make bench` driver)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_bench_commands(commands: argparse._SubParsersAction) -> None:
+    """Attach `bench serving|forward` to the `shoal` command's subparsers (imports stay lazy:
+    `shoal --help` must not load torch)."""
+    from shoal.bench.cli_args import add_forward_args, add_serving_args
+
+    bench = commands.add_parser("bench", help="benchmarks: serving client, bare forward")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    add_serving_args(sub.add_parser(
+        "serving", help="benchmark an OpenAI-compatible server",
+        description="Async streaming /v1/completions benchmark: throughput and TTFT/ITL/TPOT/"
+                    "e2e latency, tokens counted from the server's usage."))
+    add_forward_args(sub.add_parser(
+        "forward", help="bare-forward decode ceiling of shoal's model runner",
+        description="Time N decode steps at batch B over a KV context of L tokens, with no "
+                    "server, scheduler or tokenizer in the loop."))
+
+
+def bench_main(ns: argparse.Namespace) -> int:
+    if ns.bench_command == "serving":
+        from shoal.bench.serving import serving_main
+
+        return serving_main(ns)
+    from shoal.bench.forward import forward_main
+
+    return forward_main(ns)

@@ -1,0 +1,66 @@
+"""Flags of `shoal bench serving` and `shoal bench forward`, kept free of heavy imports so that
+building the `shoal` parser stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+BACKENDS = ("auto", "shoal", "transformers", "openai")
+WARMUP_OUTPUT_LEN = 4
+
+
+def add_serving_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="http://127.0.0.1:30000",
+                        help="server root, without /v1")
+    parser.add_argument("--model", default=None,
+                        help="model name to send (default: the first of /v1/models)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="local tokenizer folder used to size prompts (default: --model "
+                             "when it is a folder, else the embedded default model)")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
+                        help="how to ask for fixed-length outputs: shoal sends ignore_eos "
+                             "(SGLang/vLLM too), transformers a generation_config with EOS off, "
+                             "openai neither; auto: the first one the warmup request is "
+                             "accepted with")
+    parser.add_argument("--dataset", default="random", choices=("random", "shared-prefix"))
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128,
+                        help="prompt tokens per request (random dataset)")
+    parser.add_argument("--output-len", type=int, default=128,
+                        help="output tokens per request (max_tokens, EOS ignored)")
+    parser.add_argument("--prefix-len", type=int, default=1024,
+                        help="shared prefix tokens (shared-prefix dataset)")
+    parser.add_argument("--suffix-len", type=int, default=32,
+                        help="unique suffix tokens per request (shared-prefix dataset)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="most requests in flight (default: unlimited)")
+    parser.add_argument("--request-rate", type=float, default=math.inf,
+                        help="requests per second, Poisson arrivals (default: inf, all at once)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup-requests", type=int, default=1,
+                        help=f"untimed {WARMUP_OUTPUT_LEN}-token requests sent first")
+    parser.add_argument("--request-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument("--extra-request-body", default=None,
+                        help="JSON object merged into every request body")
+    parser.add_argument("--output-file", default=None,
+                        help="write the config and all metrics as JSON here")
+    parser.add_argument("--disable-progress", action="store_true")
+
+
+def add_forward_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-path", default=None,
+                        help="model folder (default: the embedded default model)")
+    parser.add_argument("--batch-size", type=int, default=32, help="decode batch B")
+    parser.add_argument("--context-len", type=int, default=256,
+                        help="KV context L of every request before the timed steps")
+    parser.add_argument("--steps", type=int, default=32, help="timed decode steps N")
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--dtype", default="auto",
+                        choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="torch threads (default: the scheduler's: one core per rank is "
+                             "left to the api and detokenizer)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-file", default=None, help="write the result as JSON here")
