@@ -13,7 +13,7 @@ from tests.support.server import RunningServer, start_server
 @pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     server = start_server(Path(tmp_path_factory.mktemp("default-server")),
-                          "--max-total-tokens", "65536")
+                          "--max-total-tokens", "65536", "--enable-metrics")
     yield server
     server.stop()
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal import __version__
@@ -32,6 +33,7 @@ from shoal.api.tokenizer_manager import GenerateResult, TokenizerManager
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.ipc.messages import FlushCacheReq, ReqStrOut, SchedulerInfoReq
 from shoal.launch.component import StartupFailed
+from shoal.metrics.api_metrics import render_metrics
 from shoal.tokenizer import load_tokenizer, resolve_model_path
 
 NATIVE_DEFAULT_MAX_NEW_TOKENS = 128
@@ -192,6 +194,11 @@ def _add_info_routes(app: FastAPI, args: ServerArgs, tm: TokenizerManager) -> No
         return {**resolved, "version": __version__, "served_model_name": tm.model_name,
                 "limits": tm.limits(), "ready_components": sorted(tm.ready),
                 "num_running_requests": len(tm.rid_to_state), "scheduler": pool}
+
+    if args.enable_metrics:
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/flush_cache")
     async def flush_cache() -> JSONResponse:

@@ -31,6 +31,7 @@ from shoal.ipc import sockets
 from shoal.ipc.messages import (AbortReq, BatchStrOut, ComponentReady, ControlReply, FinishReason,
                                 FlushCacheReq, GenerateReq, Message, ReqStrOut, SamplingParams,
                                 SchedulerInfoReq, decode)
+from shoal.metrics.api_metrics import RequestMetrics
 from shoal.tokenizer import served_model_name
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class ReqState:
     queue: asyncio.Queue[ReqStrOut] = field(default_factory=asyncio.Queue)
     finished: bool = False
     next_disconnect_check: float = 0.0
+    created_at: float = field(default_factory=time.monotonic)
+    last_output_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class TokenizerManager:
         self._recv_sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._pending_replies: dict[str, asyncio.Future[ControlReply]] = {}
+        self.metrics = RequestMetrics() if args.enable_metrics else None
 
     # ---- lifecycle and readiness ----------------------------------------------------------------
 
@@ -335,4 +339,15 @@ class TokenizerManager:
         if out.finish is not None:
             del self.rid_to_state[out.rid]
             state.finished = True
+        if self.metrics is not None:
+            self._observe(state, out)
         state.queue.put_nowait(out)
+
+    def _observe(self, state: ReqState, out: ReqStrOut) -> None:
+        assert self.metrics is not None
+        now = time.monotonic()
+        self.metrics.on_output(state.created_at, state.last_output_at, now, len(out.new_ids))
+        state.last_output_at = now
+        if out.finish is not None:
+            self.metrics.on_finish(state.created_at, now, out.prompt_tokens,
+                                   out.completion_tokens)

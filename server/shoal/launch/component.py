@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -11,7 +12,7 @@ import setproctitle
 
 from shoal import faults
 from shoal.config import ComponentArgs, ConfigError, ServerArgs
-from shoal.launch.plan import scheduler_name
+from shoal.launch.plan import METRICS_DIR_ENV, scheduler_name
 from shoal.lifecycle import ExitCode, die_with_parent, exit_process, write_termination_message
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ def run_component(role: str, args: ServerArgs, component: ComponentArgs) -> None
     rank = component.pp_rank * args.tp + component.tp_rank if role == "scheduler" else None
     setproctitle.setproctitle(f"shoal::{name}")
     die_with_parent()
+    if METRICS_DIR_ENV in os.environ:
+        os.makedirs(os.environ[METRICS_DIR_ENV], exist_ok=True)
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s")

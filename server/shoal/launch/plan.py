@@ -6,10 +6,14 @@ supervisord config. One plan, two runners.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 
 from shoal.config import ServerArgs, to_argv
+
+
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess directory
 
 
 @dataclass(frozen=True)
@@ -37,9 +41,11 @@ def scheduler_name(pp_rank: int, tp_rank: int, pp_size: int) -> str:
 def build_plan(args: ServerArgs, run_dir: str, python: str = sys.executable) -> LaunchPlan:
     flags = to_argv(args)
 
+    env = {METRICS_DIR_ENV: os.path.join(run_dir, "metrics")}
+
     def component(name: str, role: str, *extra: str, rank: int | None = None) -> ComponentSpec:
         argv = (python, "-m", "shoal", "component", role, "--run-dir", run_dir, *extra, *flags)
-        return ComponentSpec(name=name, argv=argv, rank=rank)
+        return ComponentSpec(name=name, argv=argv, rank=rank, env=env)
 
     components = []
     if args.node_rank == 0:

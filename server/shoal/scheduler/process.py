@@ -19,6 +19,7 @@ from shoal.ipc import sockets
 from shoal.ipc.messages import ComponentReady
 from shoal.launch.component import StartupFailed, component_name
 from shoal.lifecycle import ExitCode, exit_process, write_termination_message
+from shoal.metrics.scheduler_metrics import SchedulerStats
 from shoal.models import ModelConfig
 from shoal.scheduler.consensus import ConsensusChecker
 from shoal.scheduler.io import Rank0IO
@@ -124,7 +125,8 @@ def _build_scheduler(args: ServerArgs, ctx: RankContext, device: torch.device,
         config=sched_config,
         sampling=local_sampling if groups.control is None else SharedSampling(layout,
                                                                               groups.control),
-        record_event=checker.record if checker is not None else None)
+        record_event=checker.record if checker is not None else None,
+        stats=SchedulerStats(args.enable_metrics) if layout.rank == 0 else None)
     io.send_ready(ComponentReady(component="scheduler", max_total_tokens=runner.max_total_tokens,
                                  max_running_requests=sched_config.max_running_requests,
                                  context_length=sched_config.context_length))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from shoal.engine import sampler
 from shoal.engine.forward_batch import ForwardBatch
 from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, ControlReply, FinishReason,
                                 FlushCacheReq, GenerateReq, ReqTokenOut, SchedulerInfoReq)
+from shoal.metrics.scheduler_metrics import SchedulerSnapshot, SchedulerStats
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefill import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.request import Req
@@ -66,8 +68,10 @@ class Scheduler:
     def __init__(self, runner: Runner, memory: ReqMemory, io: SchedulerIO,
                  stop_checker: StopChecker, config: SchedulerConfig,
                  sampling: Sampling = local_sampling,
-                 record_event: Callable[[str], None] | None = None) -> None:
+                 record_event: Callable[[str], None] | None = None,
+                 stats: SchedulerStats | None = None) -> None:
         self.runner = runner
+        self.stats = stats  # rank 0 only: the periodic log line and gauges
         self.sampling = sampling
         self.record_event = record_event  # the rank consensus check, when enabled
         self.memory = memory
@@ -81,6 +85,7 @@ class Scheduler:
         self.new_token_ratio = NewTokenRatio()
         self.num_prompt_tokens = 0    # of admitted requests, for the cache hit rate
         self.num_cached_tokens = 0
+        self.num_generated_tokens = 0
         self.should_stop = False
         self._checked_idle = True
 
@@ -103,12 +108,25 @@ class Scheduler:
         logits = self.runner.forward(batch.forward)
         self.num_forward_steps += 1
         self.process_results(batch, logits)
+        now = time.monotonic()
+        if self.stats is not None and self.stats.due(now):
+            self.stats.report(self.snapshot(), now)
+
+    def snapshot(self) -> SchedulerSnapshot:
+        total = self.memory.allocator.size
+        return SchedulerSnapshot(
+            num_running=len(self.running), num_queued=len(self.waiting),
+            token_usage=(total - self.memory.num_available_slots) / total,
+            cache_hit_rate=self.num_cached_tokens / max(self.num_prompt_tokens, 1),
+            num_retracted=self.num_retracted, num_generated=self.num_generated_tokens)
 
     def _on_idle(self) -> None:
         """Once per idle period: with nothing running, every slot must be free or cached."""
         if not self.has_work and not self._checked_idle:
             self.memory.check_idle_integrity()
             self._checked_idle = True
+            if self.stats is not None:
+                self.stats.report(self.snapshot(), time.monotonic())
 
     def pool_info(self) -> dict[str, int]:
         allocator, cache = self.memory.allocator, self.memory.cache
@@ -283,6 +301,7 @@ class Scheduler:
         reqs = [batch.rows[i][0] for i in sampled_rows]
         if reqs:
             tokens = self.sampling(None if logits is None else logits[sampled_rows], reqs)
+            self.num_generated_tokens += len(reqs)
             for req, token in zip(reqs, tokens):
                 req.output_ids.append(token)
                 req.finish = self.stop_checker.check(req)

@@ -1,0 +1,68 @@
+"""Scheduler gauges, and the periodic one-line log of the scheduler's state."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+LOG_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    num_running: int
+    num_queued: int
+    token_usage: float        # share of KV slots held by requests or unevictable cache
+    cache_hit_rate: float     # cached / admitted prompt tokens, since start
+    num_retracted: int
+    num_generated: int        # output tokens, since start
+
+
+class SchedulerStats:
+    """Every LOG_INTERVAL_S of activity: one log line (like SGLang's "Decode batch" line) and,
+    with --enable-metrics, the gauges."""
+
+    def __init__(self, enable_metrics: bool) -> None:
+        self.gauges = _Gauges() if enable_metrics else None
+        self._last_time = time.monotonic()
+        self._last_generated = 0
+
+    def due(self, now: float) -> bool:
+        return now - self._last_time >= LOG_INTERVAL_S
+
+    def report(self, snapshot: SchedulerSnapshot, now: float) -> None:
+        elapsed = max(now - self._last_time, 1e-9)
+        throughput = (snapshot.num_generated - self._last_generated) / elapsed
+        self._last_time, self._last_generated = now, snapshot.num_generated
+        logger.info("Decode batch. #running-req: %d, #queue-req: %d, token usage: %.2f, "
+                    "gen throughput (token/s): %.2f, cache hit rate: %.2f%%, #retracted: %d",
+                    snapshot.num_running, snapshot.num_queued, snapshot.token_usage,
+                    throughput, 100 * snapshot.cache_hit_rate, snapshot.num_retracted)
+        if self.gauges is not None:
+            self.gauges.set(snapshot, throughput)
+
+
+class _Gauges:
+    def __init__(self) -> None:
+        from prometheus_client import Gauge
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"shoal:{name}", doc, multiprocess_mode="mostrecent")
+
+        self.running = gauge("num_running_reqs", "Requests holding KV cache")
+        self.queued = gauge("num_queue_reqs", "Requests waiting for admission")
+        self.token_usage = gauge("token_usage", "Share of KV slots in use")
+        self.cache_hit_rate = gauge("cache_hit_rate", "Prompt tokens served from the prefix cache")
+        self.gen_throughput = gauge("gen_throughput", "Output tokens per second, recent")
+        self.retracted = gauge("num_retracted_reqs", "Requests retracted since start")
+
+    def set(self, snapshot: SchedulerSnapshot, throughput: float) -> None:
+        self.running.set(snapshot.num_running)
+        self.queued.set(snapshot.num_queued)
+        self.token_usage.set(snapshot.token_usage)
+        self.cache_hit_rate.set(snapshot.cache_hit_rate)
+        self.gen_throughput.set(throughput)
+        self.retracted.set(snapshot.num_retracted)
