@@ -59,6 +59,8 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     torch.set_num_threads(torch_threads_per_rank(os.cpu_count() or 1, args.ranks_per_node))
     try:
         device = resolve_device(args.device)
+        if device.type == "cuda":  # one GPU per local rank
+            device = torch.device("cuda", layout.rank % args.ranks_per_node)
         groups = init_distributed(layout, args.dist_init_addr, device,
                                   with_consensus_group=args.enable_rank_consensus_check)
         scheduler = _build_scheduler(args, RankContext(name, component.run_dir, layout, groups), device, injected)
