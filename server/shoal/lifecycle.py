@@ -1,4 +1,7 @@
-"""How a component ends: exit codes, the termination message, dying with the parent (DESIGN.md 4)."""
+"""How a component ends: exit codes, the termination message, dying with its parent.
+
+See DESIGN.md section 4 and docs/operations.md.
+"""
 
 from __future__ import annotations
 

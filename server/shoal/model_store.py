@@ -59,7 +59,8 @@ def is_prepared(name: str) -> bool:
 def prepare(name: str = DEFAULT_MODEL) -> Path:
     """Return the folder of a ready-to-load transformers model, converting it on first use."""
     if name not in EMBEDDED_MODELS:
-        raise ModelNotAvailable(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
+        raise ModelNotAvailable(
+            f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
     target = prepared_dir(name)
     if is_prepared(name):
         return target

@@ -47,7 +47,8 @@ def test_sigkill_of_any_component_ends_the_server(tmp_path: Path, victim: str) -
         assert time.monotonic() - started < 10
         assert code != 0
         for pid in pids.values():
-            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            assert (not psutil.pid_exists(pid)
+                    or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
         assert not [p for p in shoal_processes() if p.pid in pids.values()]
         message = json.loads(termination_log.read_text())
         assert message["component"] == victim.removeprefix("shoal::")

@@ -120,7 +120,8 @@ def test_completions_streaming_and_usage(client: OpenAI, model_name: str,
                                            extra_body={"ignore_eos": True}))
     text = "".join(p.choices[0].text for p in parts if p.choices)
     assert text == full.choices[0].text
-    finishes = [p.choices[0].finish_reason for p in parts if p.choices and p.choices[0].finish_reason]
+    finishes = [p.choices[0].finish_reason for p in parts
+                if p.choices and p.choices[0].finish_reason]
     assert finishes == ["length"]
     assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 8
 

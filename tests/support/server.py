@@ -1,4 +1,4 @@
-"""Start a real `shoal serve` for a test, wait until it is healthy, and make sure it is gone after."""
+"""Start a real `shoal serve` for a test, wait until it is healthy, make sure it is gone after."""
 
 from __future__ import annotations
 

@@ -69,14 +69,14 @@ class PlanRunner:
 
     def _on_component_exit(self, spec: ComponentSpec, code: int) -> int:
         if code < 0:
-            signame = signal.Signals(-code).name
+            detail = f"{spec.title} killed by {signal.Signals(-code).name}"
             code = 128 - code
-            write_termination_message(code, spec.name, spec.rank, f"{spec.title} killed by {signame}")
         elif code == 0:
-            code = ExitCode.CRASH
-            write_termination_message(code, spec.name, spec.rank, f"{spec.title} exited unexpectedly")
-        else:  # no-op when the component already wrote its own message
-            write_termination_message(code, spec.name, spec.rank, f"{spec.title} exited with {code}")
+            detail, code = f"{spec.title} exited unexpectedly", ExitCode.CRASH
+        else:
+            detail = f"{spec.title} exited with {code}"
+        # a no-op when the component wrote its own message before exiting
+        write_termination_message(code, spec.name, spec.rank, detail)
         logger.error("%s exited with code %d: stopping the server", spec.title, code)
         return code
 

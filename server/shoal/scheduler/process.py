@@ -63,7 +63,8 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
             device = torch.device("cuda", layout.rank % args.ranks_per_node)
         groups = init_distributed(layout, args.dist_init_addr, device,
                                   with_consensus_group=args.enable_rank_consensus_check)
-        scheduler = _build_scheduler(args, RankContext(name, component.run_dir, layout, groups), device, injected)
+        context = RankContext(name, component.run_dir, layout, groups)
+        scheduler = _build_scheduler(args, context, device, injected)
     except (OSError, ValueError, RuntimeError) as exc:
         raise StartupFailed(f"{type(exc).__name__}: {exc}") from exc
 
