@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -292,3 +293,19 @@ def test_shared_prefix_prompts_share_an_exact_prefix(maker_factory) -> None:
     assert all(len(i) == 312 for i in ids)
     assert all(i[:300] == ids[0][:300] for i in ids)
     assert len({tuple(i[300:]) for i in ids}) == 6
+
+
+def test_shared_prefix_run_sends_the_prefix_but_warms_up_without_it(tmp_path: Path) -> None:
+    fake = FakeOpenAI(ttft_s=0.01, itl_s=0.005)
+    with Served(fake) as served:
+        code, data = bench(served.url, tmp_path, "--dataset", "shared-prefix", "--prefix-len",
+                           "64", "--suffix-len", "8", "--num-prompts", "4", "--output-len", "2")
+    assert code == 0 and data is not None
+    warmup, timed = fake.bodies[0]["prompt"], [b["prompt"] for b in fake.bodies[1:]]
+    assert len(timed) == 4 and len(set(timed)) == 4
+    common = os.path.commonprefix(timed)
+    assert len(common) >= 64 * 3  # 64 shared words of 2+ letters, each after a space
+    assert not warmup.startswith(common[:20])
+    assert fake.bodies[0]["max_tokens"] == 4
+    assert data["config"]["dataset"] == "shared-prefix"
+    assert data["config"]["mean_prompt_tokens_client"] == 72

@@ -68,17 +68,18 @@ def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
     runner = ModelRunner(cfg.model_path, device, dtype, ParallelGroup(),
                          max_total_tokens=cfg.batch_size * max_len,
                          max_running_requests=cfg.batch_size, context_length=max_len)
-    rows = [runner.req_to_token_pool.alloc() for _ in range(cfg.batch_size)]
-    assert all(row is not None for row in rows)
-    next_ids = _fill_context(runner, rows, cfg.context_len)  # type: ignore[arg-type]
+    rows = alloc_rows(runner, cfg.batch_size)
+    prompt = torch.randint(0, runner.model_config.vocab_size, (cfg.context_len,),
+                           dtype=torch.int64, device=device)
+    next_ids = fill_context(runner, rows, prompt)
     seq_len = cfg.context_len
     for _ in range(cfg.warmup_steps):
-        next_ids = _decode_step(runner, rows, seq_len, next_ids)  # type: ignore[arg-type]
+        next_ids = decode_step(runner, rows, seq_len, next_ids)
         seq_len += 1
     step_s = []
     for _ in range(cfg.steps):
         start = time.perf_counter()
-        next_ids = _decode_step(runner, rows, seq_len, next_ids)  # type: ignore[arg-type]
+        next_ids = decode_step(runner, rows, seq_len, next_ids)
         step_s.append(time.perf_counter() - start)
         seq_len += 1
     total = sum(step_s)
@@ -90,12 +91,20 @@ def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
         max_step_ms=1000 * max(step_s))
 
 
-def _fill_context(runner: ModelRunner, rows: list[int], context_len: int) -> torch.Tensor:
-    """Prefill `context_len` random tokens for rows[0], copy its K/V into every other row's own
-    slots, and return each row's next input token [batch]."""
+def alloc_rows(runner: ModelRunner, num_rows: int) -> list[int]:
+    rows = []
+    for _ in range(num_rows):
+        row = runner.req_to_token_pool.alloc()
+        assert row is not None, "the runner was built with too few request rows"
+        rows.append(row)
+    return rows
+
+
+def fill_context(runner: ModelRunner, rows: list[int], prompt: torch.Tensor) -> torch.Tensor:
+    """Prefill `prompt` for rows[0], copy its K/V into every other row's own slots, and return
+    each row's next input token [batch] (greedy)."""
     device = runner.device
-    vocab = runner.model_config.vocab_size
-    prompt = torch.randint(0, vocab, (context_len,), dtype=torch.int64, device=device)
+    context_len = int(prompt.shape[0])
     slots = runner.token_allocator.alloc(context_len)
     assert slots is not None
     runner.req_to_token_pool.table[rows[0], :context_len] = slots
@@ -114,8 +123,8 @@ def _fill_context(runner: ModelRunner, rows: list[int], context_len: int) -> tor
     return logits.argmax(dim=-1).expand(len(rows)).contiguous()
 
 
-def _decode_step(runner: ModelRunner, rows: list[int], seq_len: int,
-                 input_ids: torch.Tensor) -> torch.Tensor:
+def decode_step(runner: ModelRunner, rows: list[int], seq_len: int,
+                input_ids: torch.Tensor) -> torch.Tensor:
     """One decode step of every row at position `seq_len`; returns the greedy next tokens."""
     device = runner.device
     batch = len(rows)

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from shoal.bench.cli_args import BACKENDS, WARMUP_OUTPUT_LEN
+from shoal.bench.cli_args import WARMUP_OUTPUT_LEN
 from shoal.bench.datasets import (Prompt, PromptMaker, load_tokenizer, random_prompts,
                                   shared_prefix_prompts)
 
@@ -106,6 +106,7 @@ async def send_request(client: httpx.AsyncClient, url: str,
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
+                now = time.perf_counter()
                 data = line[len("data:"):].strip()
                 if data == "[DONE]":
                     break
@@ -113,7 +114,6 @@ async def send_request(client: httpx.AsyncClient, url: str,
                 if "error" in chunk:
                     out.error = f"error in stream: {json.dumps(chunk['error'])[:500]}"
                     return out
-                now = time.perf_counter()
                 if any(c.get("text") for c in chunk.get("choices") or []):
                     if last is None:
                         out.ttft_s = now - start
@@ -122,7 +122,7 @@ async def send_request(client: httpx.AsyncClient, url: str,
                     last = now
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-    except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
+    except (httpx.HTTPError, httpx.StreamError, ValueError, OSError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
         return out
     out.e2e_s = time.perf_counter() - start
@@ -193,7 +193,7 @@ async def warm_up(client: httpx.AsyncClient, url: str, model: str, prompt: Promp
     """Send the warmup requests; with `--backend auto`, pick the first style the server
     accepts. Returns the backend and the errors of the styles it refused."""
     candidates = ["shoal", "transformers", "openai"] if cfg.backend == "auto" else [cfg.backend]
-    short = dataclasses.replace(prompt, output_len=min(prompt.output_len, WARMUP_OUTPUT_LEN))
+    short = dataclasses.replace(prompt, output_len=WARMUP_OUTPUT_LEN)
     errors = []
     for backend in candidates:
         out = await send_request(client, url, request_body(model, short, backend,
@@ -207,7 +207,8 @@ async def warm_up(client: httpx.AsyncClient, url: str, model: str, prompt: Promp
     raise RuntimeError("warmup request failed: " + "; ".join(errors))
 
 
-async def run_benchmark(cfg: ServingConfig, prompts: list[Prompt]) -> dict[str, Any]:
+async def run_benchmark(cfg: ServingConfig, prompts: list[Prompt],
+                        warmup: Prompt) -> dict[str, Any]:
     base_url = cfg.base_url.rstrip("/")
     url = f"{base_url}/v1/completions"
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=30.0)
@@ -216,7 +217,7 @@ async def run_benchmark(cfg: ServingConfig, prompts: list[Prompt]) -> dict[str, 
         model = cfg.model or await resolve_model(client, base_url)
         backend = cfg.backend
         if cfg.warmup_requests > 0 or backend == "auto":
-            backend, _ = await warm_up(client, url, model, prompts[0], cfg)
+            backend, _ = await warm_up(client, url, model, warmup, cfg)
         semaphore = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         progress = Progress(len(prompts), cfg.show_progress)
 
@@ -345,18 +346,24 @@ def tokenizer_path(cfg: ServingConfig) -> str:
     return str(model_store.prepare())
 
 
-def build_prompts(cfg: ServingConfig) -> list[Prompt]:
+def build_prompts(cfg: ServingConfig) -> tuple[list[Prompt], Prompt]:
+    """The dataset, and a warmup prompt that shares no prefix with it (a warmup must not
+    pre-fill a prefix cache with the dataset's shared prefix)."""
     maker = PromptMaker(load_tokenizer(tokenizer_path(cfg)), random.Random(cfg.seed))
     if cfg.dataset == "shared-prefix":
-        return shared_prefix_prompts(maker, cfg.num_prompts, cfg.prefix_len, cfg.suffix_len,
-                                     cfg.output_len)
-    return random_prompts(maker, cfg.num_prompts, cfg.input_len, cfg.output_len)
+        prompts = shared_prefix_prompts(maker, cfg.num_prompts, cfg.prefix_len, cfg.suffix_len,
+                                        cfg.output_len)
+    else:
+        prompts = random_prompts(maker, cfg.num_prompts, cfg.input_len, cfg.output_len)
+    maker.rng = random.Random(f"warmup-{cfg.seed}")
+    warmup = random_prompts(maker, 1, min(cfg.input_len, 64), WARMUP_OUTPUT_LEN)[0]
+    return prompts, warmup
 
 
 def run(cfg: ServingConfig) -> dict[str, Any]:
     """Build the dataset, run the benchmark, and return {"config", "result"}."""
-    prompts = build_prompts(cfg)
-    result = asyncio.run(run_benchmark(cfg, prompts))
+    prompts, warmup = build_prompts(cfg)
+    result = asyncio.run(run_benchmark(cfg, prompts, warmup))
     config = dataclasses.asdict(cfg)
     config["request_rate"] = None if math.isinf(cfg.request_rate) else cfg.request_rate
     config["mean_prompt_tokens_client"] = sum(p.num_tokens for p in prompts) / len(prompts)
@@ -371,7 +378,7 @@ def serving_main(ns: argparse.Namespace) -> int:
         return 2
     try:
         report = run(cfg)
-    except (RuntimeError, httpx.HTTPError, OSError) as exc:
+    except (RuntimeError, httpx.HTTPError, OSError, ValueError, KeyError) as exc:
         print(f"shoal bench serving: {exc}", file=sys.stderr)
         return 1
     result = report["result"]
