@@ -8,6 +8,9 @@
 - a stop token id equal to a word's id ends the reply on that token (its text is not sent);
 - `seed == ABORT_SEED` makes the engine abort the request after its first token.
 `cached_tokens` is `prompt_tokens // 2`. Every message received is kept in `received`.
+With `logprob` asked, output token k (from 0) has logprob `fake_logprob(k)` and top alternatives
+(id 100 + j, `fake_logprob(j)`) for j < top_logprobs_num; prompt token i scored has logprob
+`-i / 10`, same alternatives, sent with the first chunk.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import zmq
 from shoal.ipc import sockets
 from shoal.ipc.messages import (AbortReq, AnyMessage, BatchStrOut, ComponentReady, ControlReply,
                                 FinishReason, FlushCacheReq, GenerateReq, ReqStrOut,
-                                SchedulerInfoReq)
+                                SchedulerInfoReq, TokenLogprobs)
 
 WORDS = ["Hello", ",", " world", "!", " How"]
 WORD_IDS = [100 + i for i in range(len(WORDS))]
@@ -32,15 +35,34 @@ EOS_AFTER = len(WORDS)
 ABORT_SEED = 666
 
 
+def fake_logprob(k: int) -> float:
+    return -0.25 * (k + 1)
+
+
+def fake_logprobs(values: list[float], top_n: int) -> TokenLogprobs:
+    tops = [[100 + j for j in range(top_n)] for _ in values] if top_n else []
+    return TokenLogprobs(logprobs=values, top_ids=tops,
+                         top_logprobs=[[fake_logprob(j) for j in range(top_n)] for _ in tops])
+
+
 def script(req: GenerateReq) -> list[ReqStrOut]:
     """The chunks the fake engine sends for `req`; the last one carries `finish`."""
     sampling, chunks = req.sampling, []
     prompt_tokens = len(req.input_ids)
+    lp = req.logprob
 
     def out(text: str, ids: list[int], finish: FinishReason | None = None) -> ReqStrOut:
+        logprobs = prompt_logprobs = None
+        if lp is not None:
+            logprobs = fake_logprobs([fake_logprob(len(chunks))] * len(ids), lp.top_logprobs_num)
+            if lp.logprob_start_len >= 0 and not chunks:
+                start = min(lp.logprob_start_len, prompt_tokens - 1)
+                prompt_logprobs = fake_logprobs([-i / 10 for i in range(start + 1, prompt_tokens)],
+                                                lp.top_logprobs_num)
         return ReqStrOut(rid=req.rid, text=text, new_ids=ids, finish=finish,
                          prompt_tokens=prompt_tokens, completion_tokens=len(chunks) + 1,
-                         cached_tokens=prompt_tokens // 2)
+                         cached_tokens=prompt_tokens // 2, logprobs=logprobs,
+                         prompt_logprobs=prompt_logprobs)
 
     while True:
         step = len(chunks)

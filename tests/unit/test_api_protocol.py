@@ -9,7 +9,7 @@ from shoal.api.errors import APIError
 from shoal.api.protocol import (ChatCompletionChunk, ChatCompletionRequest, ChatStreamChoice,
                                 CompletionRequest, DeltaMessage, GenerateRequest, Usage)
 from shoal.api.tokenizer_manager import fit_max_new_tokens
-from shoal.ipc.messages import SamplingParams
+from shoal.ipc.messages import LogprobParams, SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -59,8 +59,12 @@ def test_defaults_are_openai_defaults():
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", "5"), ("max_tokens", 2.5),
     ("temperature", -0.1), ("top_p", 0), ("top_p", 1.01), ("top_k", -2), ("min_p", 2),
-    ("n", 3), ("stop", ["a", "b", "c", "d", "e"]), ("stop", [""]), ("stop", 3),
-    ("seed", 2**63), ("stream", "yes"), ("logprobs", True), ("presence_penalty", 0.5),
+    ("n", 0), ("n", 9), ("stop", ["a", "b", "c", "d", "e"]), ("stop", [""]), ("stop", 3),
+    ("seed", 2**63), ("stream", "yes"), ("logprobs", "yes"), ("top_logprobs", 21),
+    ("top_logprobs", 3),  # without logprobs: true
+    ("presence_penalty", 2.5), ("frequency_penalty", -2.1), ("repetition_penalty", 0),
+    ("repetition_penalty", 2.5), ("min_tokens", -1), ("logit_bias", {"x": 1}),
+    ("logit_bias", {"5": 101}), ("logit_bias", {"-5": 1}), ("logit_bias", [5]),
     ("messages", []), ("messages", [{"role": "wizard", "content": "x"}]),
 ])
 def test_chat_request_rejects(field, value):
@@ -99,3 +103,52 @@ def test_chunk_delta_omits_unset_fields():
 def test_usage_totals():
     usage = Usage.of(7, 3, 2)
     assert usage.total_tokens == 10 and usage.prompt_tokens_details.cached_tokens == 2
+
+
+def test_sampling_extensions_to_sampling():
+    req = ChatCompletionRequest.model_validate({
+        "messages": USER, "n": 3, "frequency_penalty": 0.5, "presence_penalty": -1,
+        "repetition_penalty": 1.3, "min_tokens": 4, "logit_bias": {"17": -100, "5": 2.5},
+        "logprobs": True, "top_logprobs": 2})
+    sampling = req.to_sampling(10)
+    assert (sampling.frequency_penalty, sampling.presence_penalty,
+            sampling.repetition_penalty) == (0.5, -1.0, 1.3)
+    assert sampling.min_new_tokens == 4 and sampling.logit_bias == {17: -100.0, 5: 2.5}
+    assert sampling.processes_logits and req.n == 3 and req.logit_bias_ids == [17, 5]
+    assert req.logprob_params() == LogprobParams(top_logprobs_num=2)
+    assert ChatCompletionRequest.model_validate({"messages": USER}).logprob_params() is None
+    # min_tokens beyond what fits is clipped to max_new_tokens
+    assert req.to_sampling(2).min_new_tokens == 2
+
+
+def test_min_tokens_above_max_tokens_is_rejected():
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"prompt": "a", "max_tokens": 3, "min_tokens": 4})
+    with pytest.raises(ValidationError):
+        GenerateRequest.model_validate({"text": "a", "sampling_params": {
+            "max_new_tokens": 3, "min_new_tokens": 4}})
+
+
+def test_completion_logprob_params():
+    def params(**body):
+        return CompletionRequest.model_validate({"prompt": "a", **body}).logprob_params()
+
+    assert params() is None and params(echo=True) is None
+    assert params(logprobs=0) == LogprobParams(top_logprobs_num=0, logprob_start_len=-1)
+    assert params(logprobs=5, echo=True) == LogprobParams(top_logprobs_num=5, logprob_start_len=0)
+    with pytest.raises(ValidationError):
+        params(logprobs=21)
+
+
+def test_native_logprob_and_penalty_params():
+    req = GenerateRequest.model_validate({
+        "text": "x", "return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 2,
+        "sampling_params": {"min_new_tokens": 2, "repetition_penalty": 1.1,
+                            "logit_bias": {"9": 1}}})
+    assert req.logprob_params() == LogprobParams(top_logprobs_num=3, logprob_start_len=2)
+    sampling = req.sampling_params.to_sampling(8)
+    assert sampling.min_new_tokens == 2 and sampling.repetition_penalty == 1.1
+    assert sampling.logit_bias == {9: 1.0}
+    assert GenerateRequest.model_validate({"text": "x"}).logprob_params() is None
+    assert not GenerateRequest.model_validate({"text": "x"}).sampling_params.to_sampling(
+        8).processes_logits

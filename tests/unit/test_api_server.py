@@ -16,7 +16,8 @@ import openai
 import pytest
 import zmq
 
-from tests.unit.fake_engine import ABORT_SEED, EOS_ID, WORDS, FakeEngine, ServerThread
+from tests.unit.fake_engine import (ABORT_SEED, EOS_ID, WORD_IDS, WORDS, FakeEngine, ServerThread,
+                                    fake_logprob)
 from shoal import model_store
 from shoal.api.http_server import create_app
 from shoal.api.tokenizer_manager import TokenizerManager
@@ -200,6 +201,139 @@ def test_models(client):
         client.models.retrieve("gpt-unknown")
 
 
+# ---- n choices and logprobs ----------------------------------------------------------------------
+
+
+def test_chat_n_choices(client, engine, tokenizer):
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=3, seed=11,
+                                          temperature=0.7)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert all(c.message.content == FULL_TEXT for c in resp.choices)
+    assert resp.usage.prompt_tokens == prompt_len(tokenizer)  # the prompt counts once
+    assert resp.usage.completion_tokens == 3 * (len(WORDS) + 1)
+    rid = resp.id.removeprefix("chatcmpl-")
+    reqs = engine.generate_reqs()
+    assert [reqs[f"{rid}-{i}"].sampling.seed for i in range(3)] == [11, 12, 13]
+    assert f"{rid}-prefix" not in reqs  # a short prompt is not warmed up
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_n_choices_stream(client, tokenizer, route):
+    if route == "chat":
+        stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, max_tokens=3,
+                                                stream=True,
+                                                stream_options={"include_usage": True})
+    else:
+        stream = client.completions.create(model=MODEL, prompt="Hi", n=2, max_tokens=3,
+                                           stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.completion_tokens == 6
+    texts, finishes = {0: "", 1: ""}, {0: [], 1: []}
+    for c in chunks[:-1]:
+        (choice,) = c.choices
+        texts[choice.index] += (choice.delta.content or "") if route == "chat" else choice.text
+        if choice.finish_reason:
+            finishes[choice.index].append(choice.finish_reason)
+    assert texts == {0: "".join(WORDS[:3]), 1: "".join(WORDS[:3])}
+    assert finishes == {0: ["length"], 1: ["length"]}
+    if route == "chat":
+        roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role]
+        assert sorted(roles) == [0, 1]
+
+
+def test_n_choices_warm_up_a_long_prompt(client, engine):
+    prompt = list(range(200, 300))
+    resp = client.completions.create(model=MODEL, prompt=prompt, n=2, max_tokens=2)
+    assert len(resp.choices) == 2 and resp.usage.prompt_tokens == 100
+    warm = engine.generate_reqs()[resp.id.removeprefix("cmpl-") + "-prefix"]
+    assert warm.input_ids == prompt and warm.sampling.max_new_tokens == 1
+
+
+def token_texts(tokenizer, ids):
+    """Logprobs name each token by its text decoded alone (the fake engine's ids are real ids)."""
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def test_chat_logprobs(client, tokenizer):
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3,
+                                          logprobs=True, top_logprobs=2)
+    content = resp.choices[0].logprobs.content
+    texts = token_texts(tokenizer, WORD_IDS[:3])
+    assert [t.token for t in content] == texts
+    assert [t.logprob for t in content] == [fake_logprob(k) for k in range(3)]
+    assert content[0].bytes == list(texts[0].encode())
+    assert [len(t.top_logprobs) for t in content] == [2, 2, 2]
+    assert content[1].top_logprobs[1].token == texts[1]  # id 101
+    assert content[1].top_logprobs[1].logprob == fake_logprob(1)
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+    assert plain.choices[0].logprobs is None
+
+
+def test_chat_logprobs_stream(client, tokenizer):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3,
+                                                 logprobs=True, stream=True))
+    scored = [t for c in chunks if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.content]
+    assert [t.token for t in scored] == token_texts(tokenizer, WORD_IDS[:3])
+    assert all(t.top_logprobs == [] for t in scored)
+
+
+def test_completion_logprobs_with_echo(client, tokenizer):
+    ids = tokenizer.encode("The sky is")
+    resp = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, echo=True, logprobs=1)
+    lp = resp.choices[0].logprobs
+    echo = tokenizer.decode(ids)
+    assert resp.choices[0].text == echo + "".join(WORDS[:2])
+    words = token_texts(tokenizer, WORD_IDS[:2])
+    assert lp.tokens == token_texts(tokenizer, ids) + words
+    assert lp.token_logprobs == [None] + [-i / 10 for i in range(1, len(ids))] + [
+        fake_logprob(0), fake_logprob(1)]
+    assert lp.top_logprobs[0] is None and lp.top_logprobs[-1] == {words[0]: fake_logprob(0)}
+    assert lp.text_offset[0] == 0 and lp.text_offset[len(ids)] == len(echo)
+    assert lp.text_offset[-1] == len(echo) + len(words[0])
+
+
+def test_completion_logprobs_stream_with_echo(client, tokenizer):
+    chunks = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=2,
+                                            echo=True, logprobs=0, stream=True))
+    first = chunks[0].choices[0]
+    assert first.text == "The sky is" and first.logprobs.token_logprobs[0] is None
+    assert len(first.logprobs.tokens) == len(tokenizer.encode("The sky is"))
+    later = [c.choices[0].logprobs for c in chunks[1:] if c.choices[0].logprobs]
+    assert [t for lp in later for t in lp.tokens] == token_texts(tokenizer, WORD_IDS[:2])
+    assert later[0].text_offset == [len("The sky is")]
+
+
+def test_generate_native_logprobs(url, tokenizer):
+    body = {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": 1,
+            "logprob_start_len": 0, "return_text_in_logprobs": True,
+            "sampling_params": {"max_new_tokens": 2}}
+    meta = httpx.post(f"{url}/generate", json=body, timeout=10).json()["meta_info"]
+    words = token_texts(tokenizer, WORD_IDS[:2])
+    assert meta["output_token_logprobs"] == [[fake_logprob(0), WORD_IDS[0], words[0]],
+                                             [fake_logprob(1), WORD_IDS[1], words[1]]]
+    assert meta["output_top_logprobs"][1] == [[fake_logprob(0), 100, words[0]]]
+    assert [e[:2] for e in meta["input_token_logprobs"]] == [[None, 5], [-0.1, 6], [-0.2, 7]]
+    assert meta["input_top_logprobs"][0] == []
+    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True},
+                      timeout=10) as response:
+        events = sse_events(response)
+    assert events[-2]["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"]
+    plain = httpx.post(f"{url}/generate", json={"input_ids": [5]}, timeout=10).json()
+    assert "output_token_logprobs" not in plain["meta_info"]
+
+
+def test_penalties_reach_the_engine(client, engine):
+    resp = client.completions.create(
+        model=MODEL, prompt="x", max_tokens=4, frequency_penalty=0.5, presence_penalty=-0.5,
+        logit_bias={"17": -100}, extra_body={"repetition_penalty": 1.2, "min_tokens": 2})
+    sampling = engine.generate_reqs()[resp.id.removeprefix("cmpl-")].sampling
+    assert (sampling.frequency_penalty, sampling.presence_penalty) == (0.5, -0.5)
+    assert sampling.repetition_penalty == 1.2 and sampling.min_new_tokens == 2
+    assert sampling.logit_bias == {17: -100.0}
+
+
 # ---- native and operational routes ---------------------------------------------------------------
 
 
@@ -278,8 +412,24 @@ BAD_REQUESTS = {
     "unknown role": (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400),
     "image content": (CHAT, {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400),
-    "n=2": (CHAT, {"messages": MESSAGES, "n": 2}, 400),
-    "logprobs": (CHAT, {"messages": MESSAGES, "logprobs": True}, 400),
+    "n=9": (CHAT, {"messages": MESSAGES, "n": 9}, 400),
+    "n=0": (COMPLETIONS, {"prompt": "x", "n": 0}, 400),
+    "top_logprobs 21": (CHAT, {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, 400),
+    "top_logprobs without logprobs": (CHAT, {"messages": MESSAGES, "top_logprobs": 2}, 400),
+    "completion logprobs 21": (COMPLETIONS, {"prompt": "x", "logprobs": 21}, 400),
+    "presence_penalty 3": (CHAT, {"messages": MESSAGES, "presence_penalty": 3}, 400),
+    "frequency_penalty -3": (COMPLETIONS, {"prompt": "x", "frequency_penalty": -3}, 400),
+    "repetition_penalty 0": (COMPLETIONS, {"prompt": "x", "repetition_penalty": 0}, 400),
+    "logit_bias out of vocabulary": (CHAT, {"messages": MESSAGES,
+                                            "logit_bias": {str(10**7): 1}}, 400),
+    "logit_bias value 200": (CHAT, {"messages": MESSAGES, "logit_bias": {"5": 200}}, 400),
+    "logit_bias key not an id": (COMPLETIONS, {"prompt": "x", "logit_bias": {"a": 1}}, 400),
+    "min_tokens above max_tokens": (COMPLETIONS, {"prompt": "x", "max_tokens": 2,
+                                                  "min_tokens": 3}, 400),
+    "generate logit_bias out of vocabulary": ("/generate", {"text": "a", "sampling_params": {
+        "logit_bias": {str(10**7): 1}}}, 400),
+    "generate top_logprobs_num 21": ("/generate", {"text": "a", "return_logprob": True,
+                                                   "top_logprobs_num": 21}, 400),
     "unknown model": (CHAT, {"messages": MESSAGES, "model": "gpt-4o"}, 404),
     "missing prompt": (COMPLETIONS, {"max_tokens": 3}, 400),
     "empty prompt": (COMPLETIONS, {"prompt": ""}, 400),
@@ -326,8 +476,8 @@ def test_bad_request_is_rejected_and_server_survives(url, name):
 
 def test_bad_request_via_openai_client(client):
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
-    assert "n=1" in info.value.message
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=9)
+    assert "n" in info.value.body["param"] and "8" in info.value.message
 
 
 def test_garbage_on_the_api_socket_is_survived(url, served):

@@ -25,13 +25,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal import __version__
 from shoal.api.errors import APIError, bad_request, error_response, install_error_handlers
+from shoal.api.logprobs import native_logprobs
 from shoal.api.openai_serving import OpenAIServing, checked_outputs
 from shoal.api.protocol import (AbortRequest, ChatCompletionRequest, CompletionRequest,
                                 GenerateRequest)
 from shoal.api.sse import sse_response
 from shoal.api.tokenizer_manager import GenerateResult, TokenizerManager
 from shoal.config import ComponentArgs, ServerArgs
-from shoal.ipc.messages import FlushCacheReq, ReqStrOut, SchedulerInfoReq
+from shoal.ipc.messages import FlushCacheReq, ReqStrOut, SchedulerInfoReq, TokenLogprobs
 from shoal.launch.component import StartupFailed
 from shoal.metrics.api_metrics import render_metrics
 from shoal.tokenizer import load_tokenizer, resolve_model_path
@@ -120,6 +121,23 @@ def native_meta(out: ReqStrOut | GenerateResult, started: float) -> dict[str, An
             "finish_reason": reason, "e2e_latency": time.monotonic() - started}
 
 
+def native_logprob_meta(tm: TokenizerManager, req: GenerateRequest, input_ids: list[int],
+                        output_ids: list[int], logprobs: TokenLogprobs | None,
+                        prompt_logprobs: TokenLogprobs | None) -> dict[str, Any]:
+    """SGLang's logprob fields of meta_info: `output_token_logprobs` and `output_top_logprobs`,
+    and with `logprob_start_len >= 0` the `input_*` ones from that prompt position on."""
+    meta: dict[str, Any] = {}
+    if logprobs is not None:
+        meta["output_token_logprobs"], meta["output_top_logprobs"] = native_logprobs(
+            tm, output_ids, logprobs, req.return_text_in_logprobs)
+    if prompt_logprobs is not None:
+        start = min(req.logprob_start_len, len(input_ids) - 1)
+        meta["input_token_logprobs"], meta["input_top_logprobs"] = native_logprobs(
+            tm, input_ids[start:], prompt_logprobs, req.return_text_in_logprobs,
+            unscored_first=True)
+    return meta
+
+
 def _native_input_ids(tm: TokenizerManager, req: GenerateRequest) -> list[int]:
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("Exactly one of `text` and `input_ids` must be given.")
@@ -135,17 +153,21 @@ def _add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
         input_ids = _native_input_ids(tm, req)
         params = req.sampling_params
         tm.check_token_ids(params.stop_token_ids or [], "stop_token_ids", allow_empty=True)
+        tm.check_token_ids(params.logit_bias_ids, "logit_bias", allow_empty=True)
         max_new = tm.max_new_tokens(len(input_ids), params.max_new_tokens,
                                     NATIVE_DEFAULT_MAX_NEW_TOKENS)
         sampling, started = params.to_sampling(max_new), time.monotonic()
         if req.stream:
             outputs = tm.generate(input_ids, sampling, rid=req.rid, stream=True,
+                                  logprob=req.logprob_params(),
                                   is_disconnected=raw.is_disconnected)
-            return sse_response(_native_stream(outputs, started))
+            return sse_response(_native_stream(tm, req, input_ids, outputs, started))
         result = await tm.generate_full(input_ids, sampling, rid=req.rid,
+                                        logprob=req.logprob_params(),
                                         is_disconnected=raw.is_disconnected)
-        return {"text": result.text, "output_ids": result.output_ids,
-                "meta_info": native_meta(result, started)}
+        meta = native_meta(result, started) | native_logprob_meta(
+            tm, req, input_ids, result.output_ids, result.logprobs, result.prompt_logprobs)
+        return {"text": result.text, "output_ids": result.output_ids, "meta_info": meta}
 
     @app.post("/abort_request")
     async def abort_request(req: AbortRequest) -> dict[str, Any]:
@@ -158,14 +180,23 @@ def _add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
         return {"success": True}
 
 
-async def _native_stream(outputs: AsyncIterator[ReqStrOut],
+async def _native_stream(tm: TokenizerManager, req: GenerateRequest, input_ids: list[int],
+                         outputs: AsyncIterator[ReqStrOut],
                          started: float) -> AsyncIterator[dict[str, Any]]:
-    """SGLang-style chunks: `text` and `output_ids` are cumulative, as in SGLang's /generate."""
+    """SGLang-style chunks: `text`, `output_ids` and logprobs are cumulative, as in SGLang's
+    /generate."""
     text, output_ids = "", []
+    logprobs = TokenLogprobs() if req.return_logprob else None
+    prompt_logprobs: TokenLogprobs | None = None
     async for out in checked_outputs(outputs):
         text += out.text
         output_ids += out.new_ids
-        yield {"text": text, "output_ids": output_ids, "meta_info": native_meta(out, started)}
+        if logprobs is not None and out.logprobs is not None:
+            logprobs.extend(out.logprobs)
+        prompt_logprobs = prompt_logprobs or out.prompt_logprobs
+        meta = native_meta(out, started) | native_logprob_meta(
+            tm, req, input_ids, output_ids, logprobs, prompt_logprobs)
+        yield {"text": text, "output_ids": output_ids, "meta_info": meta}
 
 
 def _add_info_routes(app: FastAPI, args: ServerArgs, tm: TokenizerManager) -> None:

@@ -1,29 +1,34 @@
 """`/v1/chat/completions` and `/v1/completions`: OpenAI bodies in, OpenAI objects or SSE out.
 
-Streams follow OpenAI: the first chat delta carries `role: "assistant"`, the choice gets exactly
-one chunk with a non-null `finish_reason`, `stream_options.include_usage` adds a last chunk with
-`usage` and no choices, and `data: [DONE]` ends the stream.
+Streams follow OpenAI: the first chat delta of each choice carries `role: "assistant"`, each
+choice gets exactly one chunk with a non-null `finish_reason`, every chunk names its choice by
+`index`, `stream_options.include_usage` adds a last chunk with `usage` and no choices, and
+`data: [DONE]` ends the stream. With `n` choices, usage counts the prompt once and the
+completion tokens of all choices.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel
 
+from shoal.api import logprobs as render
+from shoal.api.choices import Choices, checked_outputs, merge_streams
 from shoal.api.errors import APIError, bad_request
 from shoal.api.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk,
                                 ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
-                                ChatStreamChoice, CompletionChoice, CompletionRequest,
-                                CompletionResponse, DeltaMessage, Usage)
+                                ChatStreamChoice, CompletionChoice, CompletionLogprobs,
+                                CompletionRequest, CompletionResponse, DeltaMessage, Usage)
 from shoal.api.sse import sse_response
 from shoal.api.tokenizer_manager import GenerateResult, TokenizerManager
-from shoal.ipc.messages import FinishReason, ReqStrOut
+from shoal.ipc.messages import FinishReason, LogprobParams, ReqStrOut
+
+__all__ = ["OpenAIServing", "checked_outputs"]
 
 
 def finish_reason(finish: FinishReason | None) -> str | None:
@@ -36,8 +41,10 @@ def matched_stop(finish: FinishReason | None) -> int | str | None:
     return finish.matched_str if finish.matched_str is not None else finish.matched_token
 
 
-def usage_of(out: ReqStrOut | GenerateResult) -> Usage:
-    return Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+def usage_of(outs: Sequence[ReqStrOut | GenerateResult]) -> Usage:
+    """The last output of each choice: the prompt counts once, completions add up."""
+    return Usage.of(outs[0].prompt_tokens, sum(out.completion_tokens for out in outs),
+                    outs[0].cached_tokens)
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -57,40 +64,62 @@ class OpenAIServing:
         if model is not None and model != self.tm.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
 
+    async def _choices(self, req: ChatCompletionRequest | CompletionRequest, input_ids: list[int],
+                       logprob: LogprobParams | None, raw: Request) -> Choices:
+        """Check what the model must check, then warm the prompt up for n > 1."""
+        max_new = self.tm.max_new_tokens(len(input_ids), req.requested_max_tokens, None)
+        self.tm.check_token_ids(req.stop_token_ids or [], "stop_token_ids", allow_empty=True)
+        self.tm.check_token_ids(req.logit_bias_ids, "logit_bias", allow_empty=True)
+        choices = Choices(self.tm, uuid.uuid4().hex, input_ids, req.to_sampling(max_new), req.n,
+                          logprob, raw.is_disconnected)
+        await choices.warm_prefix()
+        return choices
+
+    # ---- chat -----------------------------------------------------------------------------------
+
     async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Any:
         self.check_model(req.model)
         self.tm.check_ready()
         input_ids = self.tm.tokenize_chat(chat_messages(req.messages))
-        max_new = self.tm.max_new_tokens(len(input_ids), req.requested_max_tokens, None)
-        self._check_stop_ids(req.stop_token_ids)
-        rid, created = uuid.uuid4().hex, int(time.time())
+        choices = await self._choices(req, input_ids, req.logprob_params(), raw)
+        cid, created = f"chatcmpl-{choices.rid}", int(time.time())
         if req.stream:
-            outputs = self.tm.generate(input_ids, req.to_sampling(max_new), rid=rid, stream=True,
-                                       is_disconnected=raw.is_disconnected)
-            return sse_response(self._chat_stream(req, outputs, f"chatcmpl-{rid}", created))
-        result = await self.tm.generate_full(input_ids, req.to_sampling(max_new), rid=rid,
-                                             is_disconnected=raw.is_disconnected)
-        choice = ChatChoice(message=AssistantMessage(content=result.text),
-                            finish_reason=finish_reason(result.finish),
-                            matched_stop=matched_stop(result.finish))
-        return ChatCompletionResponse(id=f"chatcmpl-{rid}", created=created,
-                                      model=self.tm.model_name, choices=[choice],
-                                      usage=usage_of(result))
+            return sse_response(self._chat_stream(req, choices.streams(), cid, created))
+        results = await choices.results()
+        return ChatCompletionResponse(
+            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results),
+            choices=[ChatChoice(index=i, message=AssistantMessage(content=result.text),
+                                logprobs=self._chat_logprobs(result.output_ids, result),
+                                finish_reason=finish_reason(result.finish),
+                                matched_stop=matched_stop(result.finish))
+                     for i, result in enumerate(results)])
 
-    async def _chat_stream(self, req: ChatCompletionRequest, outputs: AsyncIterator[ReqStrOut],
-                           cid: str, created: int) -> AsyncIterator[BaseModel]:
+    def _chat_logprobs(self, ids: list[int], out: ReqStrOut | GenerateResult) -> Any:
+        return None if out.logprobs is None else render.chat_logprobs(self.tm, ids, out.logprobs)
+
+    async def _chat_stream(self, req: ChatCompletionRequest,
+                           streams: list[AsyncIterator[ReqStrOut]], cid: str,
+                           created: int) -> AsyncIterator[BaseModel]:
         def chunk(choices: list[ChatStreamChoice], usage: Usage | None = None) -> BaseModel:
             return ChatCompletionChunk(id=cid, created=created, model=self.tm.model_name,
                                        choices=choices, usage=usage)
 
-        yield chunk([ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))])
-        async for out in checked_outputs(outputs):
-            if out.text or out.finish is not None:
-                yield chunk([ChatStreamChoice(delta=DeltaMessage(content=out.text or None),
+        for i in range(len(streams)):
+            yield chunk([ChatStreamChoice(index=i,
+                                          delta=DeltaMessage(role="assistant", content=""))])
+        last: dict[int, ReqStrOut] = {}
+        async for i, out in merge_streams(streams):
+            logprobs = self._chat_logprobs(out.new_ids, out) if out.new_ids else None
+            if out.text or out.finish is not None or logprobs is not None:
+                yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=out.text or None),
+                                              logprobs=logprobs,
                                               finish_reason=finish_reason(out.finish),
                                               matched_stop=matched_stop(out.finish))])
-            if out.finish is not None and req.include_usage:
-                yield chunk([], usage_of(out))
+            last[i] = out
+        if req.include_usage and last:
+            yield chunk([], usage_of([last[i] for i in sorted(last)]))
+
+    # ---- completions ----------------------------------------------------------------------------
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Any:
         self.check_model(req.model)
@@ -100,49 +129,65 @@ class OpenAIServing:
         else:
             input_ids = list(req.prompt)
         self.tm.check_token_ids(input_ids, "prompt")
-        max_new = self.tm.max_new_tokens(len(input_ids), req.max_tokens, None)
-        self._check_stop_ids(req.stop_token_ids)
+        choices = await self._choices(req, input_ids, req.logprob_params(), raw)
         echo = self._prompt_text(req, input_ids) if req.echo else ""
-        rid, created = uuid.uuid4().hex, int(time.time())
+        cid, created = f"cmpl-{choices.rid}", int(time.time())
         if req.stream:
-            outputs = self.tm.generate(input_ids, req.to_sampling(max_new), rid=rid, stream=True,
-                                       is_disconnected=raw.is_disconnected)
-            return sse_response(self._completion_stream(req, outputs, f"cmpl-{rid}", created, echo))
-        result = await self.tm.generate_full(input_ids, req.to_sampling(max_new), rid=rid,
-                                             is_disconnected=raw.is_disconnected)
-        choice = CompletionChoice(text=echo + result.text,
-                                  finish_reason=finish_reason(result.finish),
-                                  matched_stop=matched_stop(result.finish))
-        return CompletionResponse(id=f"cmpl-{rid}", created=created, model=self.tm.model_name,
-                                  choices=[choice], usage=usage_of(result))
+            return sse_response(self._completion_stream(req, choices.streams(), cid, created,
+                                                        echo, input_ids))
+        results = await choices.results()
+        return CompletionResponse(
+            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results),
+            choices=[CompletionChoice(
+                index=i, text=echo + result.text,
+                logprobs=self._completion_logprobs(input_ids, result, echo, result.output_ids),
+                finish_reason=finish_reason(result.finish),
+                matched_stop=matched_stop(result.finish))
+                for i, result in enumerate(results)])
 
-    async def _completion_stream(self, req: CompletionRequest, outputs: AsyncIterator[ReqStrOut],
-                                 cid: str, created: int, echo: str) -> AsyncIterator[BaseModel]:
+    def _completion_logprobs(self, input_ids: list[int], out: ReqStrOut | GenerateResult,
+                             echo: str, ids: list[int], offset: int = 0,
+                             with_prompt: bool = True) -> CompletionLogprobs | None:
+        """Logprobs of `ids` (starting at `offset` in the choice's text), after those of the
+        echoed prompt when `with_prompt` and the request echoes."""
+        if out.logprobs is None:
+            return None
+        prompt = None
+        if with_prompt and echo and out.prompt_logprobs is not None:
+            prompt = render.completion_logprobs(self.tm, input_ids, out.prompt_logprobs,
+                                                unscored_first=True)
+            offset = len(echo)
+        generated = render.completion_logprobs(self.tm, ids, out.logprobs, offset)
+        return generated if prompt is None else render.join(prompt, generated)
+
+    async def _completion_stream(self, req: CompletionRequest,
+                                 streams: list[AsyncIterator[ReqStrOut]], cid: str, created: int,
+                                 echo: str, input_ids: list[int]) -> AsyncIterator[BaseModel]:
         def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> BaseModel:
             return CompletionResponse(id=cid, created=created, model=self.tm.model_name,
                                       choices=choices, usage=usage)
 
-        if echo:
-            yield chunk([CompletionChoice(text=echo)])
-        async for out in checked_outputs(outputs):
-            if out.text or out.finish is not None:
-                yield chunk([CompletionChoice(text=out.text,
+        text_len: dict[int, int] = {}  # characters of each choice's text sent so far
+        last: dict[int, ReqStrOut] = {}
+        async for i, out in merge_streams(streams):
+            if i not in text_len:
+                text_len[i] = len(echo)
+                if echo:  # sent with the first output, which brings the prompt's logprobs
+                    prompt = None
+                    if out.prompt_logprobs is not None:
+                        prompt = render.completion_logprobs(
+                            self.tm, input_ids, out.prompt_logprobs, unscored_first=True)
+                    yield chunk([CompletionChoice(index=i, text=echo, logprobs=prompt)])
+            logprobs = self._completion_logprobs(input_ids, out, echo, out.new_ids, text_len[i],
+                                                 with_prompt=False) if out.new_ids else None
+            if out.text or out.finish is not None or logprobs is not None:
+                yield chunk([CompletionChoice(index=i, text=out.text, logprobs=logprobs,
                                               finish_reason=finish_reason(out.finish),
                                               matched_stop=matched_stop(out.finish))])
-            if out.finish is not None and req.include_usage:
-                yield chunk([], usage_of(out))
+            text_len[i] += len(out.text)
+            last[i] = out
+        if req.include_usage and last:
+            yield chunk([], usage_of([last[i] for i in sorted(last)]))
 
     def _prompt_text(self, req: CompletionRequest, input_ids: list[int]) -> str:
         return req.prompt if isinstance(req.prompt, str) else self.tm.decode(input_ids)
-
-    def _check_stop_ids(self, stop_token_ids: list[int] | None) -> None:
-        self.tm.check_token_ids(stop_token_ids or [], "stop_token_ids", allow_empty=True)
-
-
-async def checked_outputs(outputs: AsyncIterator[ReqStrOut]) -> AsyncIterator[ReqStrOut]:
-    """The chunks of one request; an aborted request raises (the stream reports an error)."""
-    async with aclosing(outputs) as stream:
-        async for out in stream:
-            if out.finish is not None and out.finish.kind == "abort":
-                raise APIError(500, out.finish.message or "The request was aborted.", "aborted")
-            yield out

@@ -2,19 +2,27 @@
 
 Requests are strict (a string is not an int) but ignore unknown fields, like most OpenAI-compatible
 servers. Each request turns into `shoal.ipc.messages.SamplingParams` through `to_sampling`, once the
-tokenizer manager has resolved how many new tokens fit (`max_new_tokens`).
+tokenizer manager has resolved how many new tokens fit (`max_new_tokens`), and into
+`LogprobParams` (or None) through `logprob_params`.
+
+Log-probabilities are those of the raw model logits (before temperature, penalties and
+logit_bias; see shoal.engine.logprobs).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import (BaseModel, ConfigDict, Field, field_validator, model_serializer,
+                      model_validator)
 
-from shoal.ipc.messages import SamplingParams
+from shoal.ipc.messages import LogprobParams, SamplingParams
 
 INT64 = 2**63
 MAX_STOP_STRINGS = 4
+MAX_N = 8              # choices per OpenAI request (each is its own request in the scheduler)
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
 
 
 class _Request(BaseModel):
@@ -33,6 +41,40 @@ class _Sampling(_Request):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, per JSON) -> bias
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return None
+
+    @property
+    def requested_min_tokens(self) -> int:
+        return 0
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+        return value
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> _Sampling:
+        most = self.requested_max_tokens
+        if most is not None and self.requested_min_tokens > most:
+            raise ValueError(f"the minimum number of tokens ({self.requested_min_tokens}) is "
+                             f"larger than the maximum ({most})")
+        return self
+
+    @property
+    def logit_bias_ids(self) -> list[int]:
+        return [int(key) for key in self.logit_bias or {}]
 
     @field_validator("top_k")
     @classmethod
@@ -64,6 +106,11 @@ class _Sampling(_Request):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_new_tokens=min(self.requested_min_tokens, max_new_tokens),
+            logit_bias={int(key): bias for key, bias in (self.logit_bias or {}).items()},
         )
 
 
@@ -74,25 +121,18 @@ class StreamOptions(_Request):
 class _OpenAISampling(_Sampling):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    n: int = 1
+    min_tokens: int = Field(0, ge=0)  # vLLM/SGLang extension: stop tokens masked until then
+    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
 
-    @field_validator("n")
-    @classmethod
-    def _n(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported")
-        return value
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
 
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0:
-            raise ValueError("frequency and presence penalties are not supported")
-        return value
+    @property
+    def requested_min_tokens(self) -> int:
+        return self.min_tokens
 
     @property
     def include_usage(self) -> bool:
@@ -121,24 +161,35 @@ class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("logprobs are not supported")
-        return value
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs to be true")
+        return self
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def logprob_params(self) -> LogprobParams | None:
+        return LogprobParams(top_logprobs_num=self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
+
+    def logprob_params(self) -> LogprobParams | None:
+        """`logprobs: k` asks for each token's logprob and its k most likely alternatives; with
+        `echo`, the prompt's too."""
+        if self.logprobs is None:
+            return None
+        return LogprobParams(top_logprobs_num=self.logprobs,
+                             logprob_start_len=0 if self.echo else -1)
 
     @field_validator("prompt")
     @classmethod
@@ -147,13 +198,6 @@ class CompletionRequest(_OpenAISampling):
             if len(value) != 1:
                 raise ValueError("only one prompt per request is supported")
             value = value[0]
-        return value
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("logprobs are not supported")
         return value
 
     @field_validator("suffix")
@@ -166,6 +210,15 @@ class CompletionRequest(_OpenAISampling):
 
 class NativeSampling(_Sampling):
     max_new_tokens: int | None = Field(None, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_new_tokens
+
+    @property
+    def requested_min_tokens(self) -> int:
+        return self.min_new_tokens
 
     @field_validator("stop")
     @classmethod
@@ -184,6 +237,16 @@ class GenerateRequest(_Request):
     sampling_params: NativeSampling = NativeSampling()
     stream: bool = False
     rid: str | None = Field(None, min_length=1)
+    return_logprob: bool = False
+    top_logprobs_num: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    logprob_start_len: int = Field(-1, ge=-1)  # -1: no prompt logprobs
+    return_text_in_logprobs: bool = False
+
+    def logprob_params(self) -> LogprobParams | None:
+        if not self.return_logprob:
+            return None
+        return LogprobParams(top_logprobs_num=self.top_logprobs_num,
+                             logprob_start_len=self.logprob_start_len)
 
 
 class AbortRequest(_Request):
@@ -216,10 +279,33 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape; with `echo`, the first prompt token has no logprob."""
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
     matched_stop: int | str | None = None
 
@@ -245,7 +331,7 @@ class DeltaMessage(BaseModel):
 class ChatStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 
@@ -262,7 +348,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 

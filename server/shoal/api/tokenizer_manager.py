@@ -29,8 +29,8 @@ from shoal.api.errors import APIError, bad_request
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.ipc import sockets
 from shoal.ipc.messages import (AbortReq, BatchStrOut, ComponentReady, ControlReply, FinishReason,
-                                FlushCacheReq, GenerateReq, Message, ReqStrOut, SamplingParams,
-                                SchedulerInfoReq, decode)
+                                FlushCacheReq, GenerateReq, LogprobParams, Message, ReqStrOut,
+                                SamplingParams, SchedulerInfoReq, TokenLogprobs, decode)
 from shoal.metrics.api_metrics import RequestMetrics
 from shoal.tokenizer import served_model_name
 
@@ -65,6 +65,8 @@ class GenerateResult:
     completion_tokens: int
     cached_tokens: int
     e2e_latency: float
+    logprobs: TokenLogprobs | None = None         # of output_ids, when asked
+    prompt_logprobs: TokenLogprobs | None = None  # from logprob_start_len on, when asked
 
 
 def fit_max_new_tokens(prompt_len: int, requested: int | None, default: int | None,
@@ -113,6 +115,7 @@ class TokenizerManager:
         self._recv_sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._pending_replies: dict[str, asyncio.Future[ControlReply]] = {}
+        self._token_texts: dict[int, str] = {}
         self.metrics = RequestMetrics() if args.enable_metrics else None
 
     # ---- lifecycle and readiness ----------------------------------------------------------------
@@ -170,6 +173,14 @@ class TokenizerManager:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """The text of each token on its own (cached), as logprobs report tokens."""
+        missing = sorted(set(ids) - self._token_texts.keys())
+        if missing:
+            texts = self.tokenizer.batch_decode([[i] for i in missing])
+            self._token_texts.update(zip(missing, texts))
+        return [self._token_texts[i] for i in ids]
+
     def check_token_ids(self, ids: list[int], param: str, allow_empty: bool = False) -> None:
         if not ids and not allow_empty:
             raise bad_request("The prompt is empty.", param)
@@ -186,7 +197,7 @@ class TokenizerManager:
     # ---- requests -------------------------------------------------------------------------------
 
     def generate(self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None,
-                 stream: bool = False,
+                 stream: bool = False, logprob: LogprobParams | None = None,
                  is_disconnected: IsDisconnected | None = None) -> AsyncIterator[ReqStrOut]:
         """Submit a request now and return an iterator over its chunks (the last has `finish`).
 
@@ -200,7 +211,8 @@ class TokenizerManager:
         if rid in self.rid_to_state:
             raise bad_request(f"Request id {rid!r} is already in use.", "rid")
         state = self.rid_to_state[rid] = ReqState()
-        self._send(GenerateReq(rid=rid, input_ids=input_ids, sampling=sampling, stream=stream))
+        self._send(GenerateReq(rid=rid, input_ids=input_ids, sampling=sampling, stream=stream,
+                               logprob=logprob))
         return self._outputs(rid, state, is_disconnected)
 
     async def _outputs(self, rid: str, state: ReqState,
@@ -232,17 +244,22 @@ class TokenizerManager:
                 continue
 
     async def generate_full(self, input_ids: list[int], sampling: SamplingParams, *,
-                            rid: str | None = None,
+                            rid: str | None = None, logprob: LogprobParams | None = None,
                             is_disconnected: IsDisconnected | None = None) -> GenerateResult:
         """Run a request to the end; an aborted request raises a 500 `APIError`."""
         start = time.monotonic()
         texts: list[str] = []
         output_ids: list[int] = []
+        logprobs = TokenLogprobs() if logprob is not None else None
+        prompt_logprobs: TokenLogprobs | None = None
         last: ReqStrOut | None = None
-        async for last in self.generate(input_ids, sampling, rid=rid,
+        async for last in self.generate(input_ids, sampling, rid=rid, logprob=logprob,
                                          is_disconnected=is_disconnected):
             texts.append(last.text)
             output_ids.extend(last.new_ids)
+            if logprobs is not None and last.logprobs is not None:
+                logprobs.extend(last.logprobs)
+            prompt_logprobs = prompt_logprobs or last.prompt_logprobs
         if last is None or last.finish is None:
             raise APIError(499, "Client closed the request.", "client_disconnected")
         if last.finish.kind == "abort":
@@ -251,7 +268,8 @@ class TokenizerManager:
                               finish=last.finish, prompt_tokens=last.prompt_tokens,
                               completion_tokens=last.completion_tokens,
                               cached_tokens=last.cached_tokens,
-                              e2e_latency=time.monotonic() - start)
+                              e2e_latency=time.monotonic() - start, logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs)
 
     def abort(self, rid: str, message: str = "Aborted by request.") -> None:
         """Drop a request: tell the scheduler, and end its iterator with an `abort` chunk."""

@@ -43,7 +43,8 @@ def run_detokenizer(args: ServerArgs, component: ComponentArgs) -> None:
 def _str_out(out: ReqTokenOut, text: str) -> ReqStrOut:
     return ReqStrOut(rid=out.rid, text=text, new_ids=out.new_ids, finish=out.finish,
                      prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                     cached_tokens=out.cached_tokens)
+                     cached_tokens=out.cached_tokens, logprobs=out.logprobs,
+                     prompt_logprobs=out.prompt_logprobs)
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -28,6 +28,9 @@ class ForwardBatch:
     req_pool_indices: torch.Tensor  # [batch] int64: row of each request in req_to_token
     seq_lens: torch.Tensor         # [batch] int64: prefix_len + extend_len
     extend_lens: list[int]         # [batch] new tokens per request
+    # token indices whose logits the model returns, in order; None: each request's last new
+    # token (the normal case; prompt logprobs ask for more positions)
+    logit_indices: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -54,3 +57,8 @@ class ForwardBatch:
         """Index into the token dimension of each request's last new token."""
         ends = torch.tensor(self.extend_lens, dtype=torch.int64).cumsum(0) - 1
         return ends.to(self.input_ids.device)
+
+    @property
+    def logits_at(self) -> torch.Tensor:
+        """Token indices whose logits the last stage computes."""
+        return self.last_token_indices if self.logit_indices is None else self.logit_indices

@@ -75,8 +75,9 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """float32 logits [batch, vocab] at each request's last new token on the last pipeline
-        stage; (hidden, residual) for the next stage on the others, which also take them."""
+        """float32 logits at `batch.logits_at` (by default [batch, vocab], each request's last
+        new token) on the last pipeline stage; (hidden, residual) for the next stage on the
+        others, which also take them."""
         self.attn_backend.prepare(batch)
         out = self.model(batch, self.attn_backend, hidden, residual)
         return out.float() if isinstance(out, torch.Tensor) else out

@@ -23,10 +23,53 @@ class SamplingParams(msgspec.Struct, array_like=True, kw_only=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # Logit processing before sampling (shoal.engine.penalties), in this order: repetition over
+    # prompt + output, then frequency and presence over the output (OpenAI), then the min-tokens
+    # mask on stop tokens, then logit_bias (token id -> value added).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    logit_bias: dict[int, float] = {}
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether anything changes the logits before sampling (else greedy is a plain argmax)."""
+        return bool(self.frequency_penalty or self.presence_penalty
+                    or self.repetition_penalty != 1.0 or self.min_new_tokens > 0
+                    or self.logit_bias)
+
+
+class LogprobParams(msgspec.Struct, array_like=True, kw_only=True):
+    """Which log-probabilities a request wants: each output token's, with its `top_logprobs_num`
+    most likely alternatives, and, when `logprob_start_len >= 0`, those of the prompt tokens from
+    that position on (the first of them has none)."""
+
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, kw_only=True):
+    """Log-probabilities of consecutive tokens: `log_softmax` of the raw model logits (before
+    temperature, penalties and logit_bias), each token's own and its most likely alternatives
+    (`top_ids`/`top_logprobs` hold one list per token, or nothing when none were asked)."""
+
+    logprobs: list[float] = []
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+
+    def extend(self, other: TokenLogprobs) -> None:
+        self.logprobs += other.logprobs
+        self.top_ids += other.top_ids
+        self.top_logprobs += other.top_logprobs
+
+    def slice(self, start: int, end: int | None = None) -> TokenLogprobs:
+        return TokenLogprobs(logprobs=self.logprobs[start:end], top_ids=self.top_ids[start:end],
+                             top_logprobs=self.top_logprobs[start:end])
 
 
 class FinishReason(msgspec.Struct, array_like=True, kw_only=True):
@@ -36,6 +79,9 @@ class FinishReason(msgspec.Struct, array_like=True, kw_only=True):
     matched_token: int | None = None
     matched_str: str | None = None
     message: str = ""
+    # occurrences of matched_str in the output before the one that stopped it (min_new_tokens
+    # lets a stop string through early); the text is cut at the next one
+    num_earlier_matches: int = 0
 
 
 class Message(msgspec.Struct, tag=True, array_like=True, kw_only=True):
@@ -49,6 +95,7 @@ class GenerateReq(Message):
     input_ids: list[int]
     sampling: SamplingParams
     stream: bool = False
+    logprob: LogprobParams | None = None  # None: no log-probabilities
 
 
 class AbortReq(Message):
@@ -74,6 +121,8 @@ class ReqTokenOut(msgspec.Struct, array_like=True, kw_only=True):
     skip_special_tokens: bool = True
     decode_prefix_ids: list[int] = []
     stop: list[str] = []
+    logprobs: TokenLogprobs | None = None         # of new_ids, when the request asked
+    prompt_logprobs: TokenLogprobs | None = None  # once, with the first output
 
 
 class BatchTokenOut(Message):
@@ -92,6 +141,8 @@ class ReqStrOut(msgspec.Struct, array_like=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    logprobs: TokenLogprobs | None = None
+    prompt_logprobs: TokenLogprobs | None = None
 
 
 class BatchStrOut(Message):
@@ -152,3 +203,23 @@ def encode_many(messages: list[AnyMessage]) -> bytes:
 
 def decode_many(data: bytes) -> list[AnyMessage]:
     return _list_decoder.decode(data)
+
+
+class SamplingResult(msgspec.Struct, array_like=True, kw_only=True):
+    """One step's sampling, from the sampling rank to the others: a token per sampled request,
+    its log-probabilities (None unless asked), and those of each prompt slice scored this step."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprobs | None] = []
+    prompt_logprobs: list[TokenLogprobs] = []
+
+
+_result_decoder = msgspec.msgpack.Decoder(SamplingResult)
+
+
+def encode_sampling_result(result: SamplingResult) -> bytes:
+    return _encoder.encode(result)
+
+
+def decode_sampling_result(data: bytes) -> SamplingResult:
+    return _result_decoder.decode(data)

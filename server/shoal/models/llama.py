@@ -1,7 +1,8 @@
 """The Llama decoder (RMSNorm, rotary GQA attention, SwiGLU MLP), also serving Qwen2.
 
 A pipeline stage builds the layers [start_layer, end_layer) only. The first stage embeds the
-input ids; the last applies the final norm and LM head to each request's last new token.
+input ids; the last applies the final norm and LM head to each request's last new token (or to
+the positions `ForwardBatch.logit_indices` names).
 Checkpoint names (`model.layers.{i}.self_attn.q_proj.weight`) map to this stage's local layers
 and fused projections in `load_weight`.
 """
@@ -126,8 +127,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend,
                 hidden: torch.Tensor | None = None, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits [batch, vocab] at each request's last new token on the last stage, else the
-        (hidden, residual) [num_tokens, hidden_size] the next stage continues from."""
+        """Logits at `batch.logits_at` on the last stage ([batch, vocab] by default: each
+        request's last new token), else the (hidden, residual) [num_tokens, hidden_size] the next
+        stage continues from."""
         if self.embed_tokens is not None:
             hidden = self.embed_tokens(batch.input_ids)
         assert hidden is not None, "a stage after the first needs the previous stage's hidden"
@@ -137,8 +139,8 @@ class LlamaForCausalLM(nn.Module):
         assert residual is not None
         if self.norm is None or self.lm_head is None:
             return hidden, residual
-        last = batch.last_token_indices
-        hidden, _ = self.norm.add_and_norm(hidden[last], residual[last])
+        at = batch.logits_at
+        hidden, _ = self.norm.add_and_norm(hidden[at], residual[at])
         return self.lm_head(hidden)
 
     def load_weight(self, name: str, source: TensorSlice) -> list[str]:

@@ -41,8 +41,9 @@ class ReqMemory:
 
     def match_prefix(self, req: Req) -> PrefixMatch:
         """The cached prefix of a waiting request; at least its last token is left to compute,
-        so the forward produces the logits of the next token."""
-        return self.cache.match(req.fill_ids[:req.fill_len - 1])
+        so the forward produces the logits of the next token (and, for a request that wants
+        prompt logprobs, every position still to score: `Req.max_prefix_match_len`)."""
+        return self.cache.match(req.fill_ids[:req.max_prefix_match_len])
 
     def admit(self, req: Req, match: PrefixMatch) -> None:
         """Give a request a row, starting from its cached prefix (locked until release)."""

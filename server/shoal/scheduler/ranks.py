@@ -16,10 +16,11 @@ import torch.distributed as dist
 from shoal.engine.distributed import RankLayout, broadcast_bytes
 from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.model_runner import ModelRunner
-from shoal.ipc.messages import (AnyMessage, ComponentReady, ControlReply, ReqTokenOut, decode_many,
-                                encode_many)
+from shoal.engine.sampler import SamplingWork
+from shoal.ipc.messages import (AnyMessage, ComponentReady, ControlReply, ReqTokenOut,
+                                SamplingResult, decode_many, decode_sampling_result, encode_many,
+                                encode_sampling_result)
 from shoal.scheduler.io import Rank0IO
-from shoal.scheduler.request import Req
 from shoal.scheduler.scheduler import local_sampling
 
 
@@ -66,20 +67,27 @@ class FollowerIO:
 
 
 class SharedSampling:
-    """The sampling rank (TP 0 of the last stage) samples; every rank receives its tokens."""
+    """The sampling rank (TP 0 of the last stage) samples; every rank receives its tokens.
+
+    A step without logprobs broadcasts a tensor of token ids. When the step asks for logprobs
+    (every rank knows: the same requests everywhere), the whole `SamplingResult` travels as
+    msgspec bytes, so rank 0 can send them and every rank records the same prompt progress."""
 
     def __init__(self, layout: RankLayout, group: dist.ProcessGroup) -> None:
         self.src = layout.sampler_rank
         self.is_src = layout.rank == self.src
         self.group = group
 
-    def __call__(self, logits: torch.Tensor | None, reqs: list[Req]) -> list[int]:
+    def __call__(self, logits: torch.Tensor | None, work: SamplingWork) -> SamplingResult:
+        if work.wants_logprobs:
+            payload = encode_sampling_result(local_sampling(logits, work)) if self.is_src else None
+            return decode_sampling_result(broadcast_bytes(payload, src=self.src, group=self.group))
         if self.is_src:
-            tokens = torch.tensor(local_sampling(logits, reqs), dtype=torch.int64)
+            tokens = torch.tensor(local_sampling(logits, work).tokens, dtype=torch.int64)
         else:
-            tokens = torch.empty(len(reqs), dtype=torch.int64)
+            tokens = torch.empty(len(work.reqs), dtype=torch.int64)
         dist.broadcast(tokens, src=self.src, group=self.group)
-        return tokens.tolist()
+        return SamplingResult(tokens=tokens.tolist())
 
 
 class PipelineStage:

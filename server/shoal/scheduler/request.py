@@ -6,6 +6,10 @@
 
 A request is in prefill while `cached_len < len(input_ids)`; afterwards every step extends it by
 exactly the one token sampled last.
+
+Prompt log-probabilities score prompt token i+1 with the logits at position i, for positions
+[logprob_start_len, len(input_ids) - 1); they are collected chunk by chunk, so until they are
+complete the prefix-cache match stops at the first position still to score.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shoal.ipc.messages import FinishReason, SamplingParams
+from shoal.engine import penalties, sampler
+from shoal.engine.penalties import PenaltyState
+from shoal.ipc.messages import (FinishReason, GenerateReq, LogprobParams, SamplingParams,
+                                TokenLogprobs)
 from shoal.scheduler.prefix_cache import TreeNode
 
 
@@ -36,6 +43,22 @@ class Req:
     generator: torch.Generator | None = None
     num_sent_ids: int = 0                  # output ids already sent to the detokenizer
     created_at: float = field(default_factory=time.monotonic)
+    penalties: PenaltyState | None = None  # None: logits go to sampling unprocessed
+    logprob: LogprobParams | None = None   # None: no log-probabilities asked
+    output_logprobs: TokenLogprobs | None = None  # one per output id, when asked
+    prompt_logprobs: TokenLogprobs | None = None  # from position logprob_start_len on, when asked
+
+    @classmethod
+    def from_message(cls, message: GenerateReq, eos_token_ids: set[int]) -> Req:
+        input_ids = list(message.input_ids)
+        logprob = message.logprob
+        return cls(rid=message.rid, input_ids=input_ids, sampling=message.sampling,
+                   stream=message.stream, generator=sampler.make_generator(message.sampling),
+                   penalties=penalties.make_state(message.sampling, input_ids, eos_token_ids),
+                   logprob=logprob,
+                   output_logprobs=TokenLogprobs() if logprob is not None else None,
+                   prompt_logprobs=(TokenLogprobs() if logprob is not None
+                                    and logprob.logprob_start_len >= 0 else None))
 
     @property
     def fill_ids(self) -> list[int]:
@@ -56,6 +79,26 @@ class Req:
     @property
     def is_finished(self) -> bool:
         return self.finish is not None
+
+    @property
+    def next_prompt_logprob_pos(self) -> int:
+        """First position whose prompt logprob is still to collect."""
+        assert self.logprob is not None and self.prompt_logprobs is not None
+        start = min(self.logprob.logprob_start_len, len(self.input_ids) - 1)
+        return start + len(self.prompt_logprobs.logprobs)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        return (self.prompt_logprobs is not None
+                and self.next_prompt_logprob_pos < len(self.input_ids) - 1)
+
+    @property
+    def max_prefix_match_len(self) -> int:
+        """How much of fill_ids the prefix cache may serve: all but the last token (whose logits
+        are needed), and no position whose prompt logprob is still to collect."""
+        if self.needs_prompt_logprobs:
+            return self.next_prompt_logprob_pos
+        return self.fill_len - 1
 
     @property
     def remaining_new_tokens(self) -> int:

@@ -13,9 +13,12 @@ import torch
 
 from shoal.engine import sampler
 from shoal.engine.forward_batch import ForwardBatch
+from shoal.engine.sampler import SamplingWork
 from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, ControlReply, FinishReason,
-                                FlushCacheReq, GenerateReq, ReqTokenOut, SchedulerInfoReq)
+                                FlushCacheReq, GenerateReq, ReqTokenOut, SamplingResult,
+                                SchedulerInfoReq)
 from shoal.metrics.scheduler_metrics import SchedulerSnapshot, SchedulerStats
+from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefill import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.request import Req
@@ -35,22 +38,25 @@ class SchedulerIO(Protocol):
 
 class Runner(Protocol):
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
-        """Logits [batch, vocab]; None on a rank that does not hold them (an early PP stage)."""
+        """Logits at `batch.logits_at` ([batch, vocab] by default); None on a rank that does not
+        hold them (an early PP stage)."""
 
 
-# (logits or None, the requests to sample for) -> one token per request, the same on every rank
-Sampling = Callable[[torch.Tensor | None, list[Req]], list[int]]
+# (logits or None, the step's sampling work) -> a token per request (and the logprobs asked
+# for), the same on every rank
+Sampling = Callable[[torch.Tensor | None, SamplingWork], SamplingResult]
 
 
-def local_sampling(logits: torch.Tensor | None, reqs: list[Req]) -> list[int]:
+def local_sampling(logits: torch.Tensor | None, work: SamplingWork) -> SamplingResult:
     assert logits is not None
-    return sampler.sample(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
+    return sampler.run(logits, work)
 
 
 @dataclass
 class ScheduledBatch:
     rows: list[tuple[Req, int]]  # (request, tokens it computes this step)
     forward: ForwardBatch
+    logits_plan: LogitsPlan | None = None  # None: the logits of each row's last token
 
 
 @dataclass(frozen=True)
@@ -161,8 +167,7 @@ class Scheduler:
             logger.warning("scheduler ignores unexpected message %s", type(message).__name__)
 
     def _add_request(self, message: GenerateReq) -> None:
-        req = Req(rid=message.rid, input_ids=list(message.input_ids), sampling=message.sampling,
-                  stream=message.stream, generator=sampler.make_generator(message.sampling))
+        req = Req.from_message(message, self.stop_checker.eos_token_ids)
         problem = self._validate(req)
         if problem:
             req.finish = FinishReason(kind="abort", message=problem)
@@ -288,7 +293,10 @@ class Scheduler:
             seq_lens=torch.tensor([r.cached_len + n for r, n in rows], dtype=torch.int64,
                                   device=device),
             extend_lens=extend_lens)
-        return ScheduledBatch(rows=rows, forward=forward)
+        plan = plan_logits(rows)
+        if plan is not None:
+            forward.logit_indices = torch.tensor(plan.indices, dtype=torch.int64, device=device)
+        return ScheduledBatch(rows=rows, forward=forward, logits_plan=plan)
 
     # -- results out ------------------------------------------------------------------------
 
@@ -299,15 +307,25 @@ class Scheduler:
             if req.cached_len == req.fill_len and req.finish is None:
                 sampled_rows.append(i)
         reqs = [batch.rows[i][0] for i in sampled_rows]
-        if reqs:
-            tokens = self.sampling(None if logits is None else logits[sampled_rows], reqs)
-            self.num_generated_tokens += len(reqs)
-            for req, token in zip(reqs, tokens):
-                req.output_ids.append(token)
-                req.finish = self.stop_checker.check(req)
+        plan = batch.logits_plan
+        if reqs or plan is not None:
+            rows = [plan.last_rows[i] for i in sampled_rows] if plan else sampled_rows
+            result = self.sampling(logits, SamplingWork(reqs, rows, plan.slices if plan else []))
+            if plan is not None:
+                plan.record(result.prompt_logprobs)
+            self._append_tokens(reqs, result)
         outputs = [self._output(r) for r in reqs if r.stream or r.finish is not None]
         self.io.send_outputs(outputs)
         self._release_finished()
+
+    def _append_tokens(self, reqs: list[Req], result: SamplingResult) -> None:
+        self.num_generated_tokens += len(reqs)
+        logprobs = result.logprobs or [None] * len(reqs)
+        for req, token, token_logprobs in zip(reqs, result.tokens, logprobs):
+            req.output_ids.append(token)
+            if token_logprobs is not None and req.output_logprobs is not None:
+                req.output_logprobs.extend(token_logprobs)
+            req.finish = self.stop_checker.check(req)
 
     def _finish_aborted(self) -> None:
         aborted = [r for r in self.running if r.finish is not None]
@@ -327,6 +345,8 @@ class Scheduler:
     def _output(self, req: Req) -> ReqTokenOut:
         first = req.num_sent_ids == 0
         new_ids = req.output_ids[req.num_sent_ids:]
+        logprobs = (None if req.output_logprobs is None
+                    else req.output_logprobs.slice(req.num_sent_ids))
         req.num_sent_ids = len(req.output_ids)
         return ReqTokenOut(
             rid=req.rid, new_ids=new_ids, finish=req.finish,
@@ -334,4 +354,5 @@ class Scheduler:
             cached_tokens=req.cached_tokens,
             skip_special_tokens=req.sampling.skip_special_tokens,
             decode_prefix_ids=req.input_ids[-DECODE_PREFIX_LEN:] if first else [],
-            stop=req.sampling.stop if first else [])
+            stop=req.sampling.stop if first else [],
+            logprobs=logprobs, prompt_logprobs=req.prompt_logprobs if first else None)

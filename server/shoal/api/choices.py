@@ -1,0 +1,128 @@
+"""OpenAI `n`: one request with n choices is n scheduler requests with the same prompt.
+
+Choice i gets rid `{rid}-{i}` (just `rid` when n is 1) and, when seeded, seed + i, so seeded
+choices differ from each other yet reproduce. With n > 1 and a long prompt, a one-token request
+runs first so the prefix cache holds the prompt and the n choices compute only its last token
+(the cache takes a prompt when its request ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+
+from shoal.api.errors import APIError
+from shoal.api.tokenizer_manager import GenerateResult, IsDisconnected, TokenizerManager
+from shoal.ipc.messages import LogprobParams, ReqStrOut, SamplingParams
+
+PREFIX_WARMUP_MIN_TOKENS = 64  # below this, computing the prompt n times is cheaper than a step
+INT64 = 2**63
+
+T = TypeVar("T")
+
+
+@dataclass
+class Choices:
+    tm: TokenizerManager
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    n: int
+    logprob: LogprobParams | None
+    is_disconnected: IsDisconnected | None
+
+    def rid_of(self, index: int) -> str:
+        return self.rid if self.n == 1 else f"{self.rid}-{index}"
+
+    def sampling_of(self, index: int) -> SamplingParams:
+        seed = self.sampling.seed
+        if index == 0 or seed is None:
+            return self.sampling
+        return msgspec.structs.replace(self.sampling,
+                                       seed=seed + index if seed + index < INT64 else seed - index)
+
+    async def warm_prefix(self) -> None:
+        """Compute the prompt once, into the prefix cache, before n > 1 choices share it. Not
+        for prompt logprobs: those requests compute their whole prompt anyway."""
+        wants_prompt_logprobs = self.logprob is not None and self.logprob.logprob_start_len >= 0
+        if self.n == 1 or len(self.input_ids) < PREFIX_WARMUP_MIN_TOKENS or wants_prompt_logprobs:
+            return
+        await self.tm.generate_full(self.input_ids,
+                                    SamplingParams(max_new_tokens=1, temperature=0.0),
+                                    rid=f"{self.rid}-prefix", is_disconnected=self.is_disconnected)
+
+    def streams(self) -> list[AsyncIterator[ReqStrOut]]:
+        """Submit every choice now; one stream of chunks per choice."""
+        return [self.tm.generate(self.input_ids, self.sampling_of(i), rid=self.rid_of(i),
+                                 stream=True, logprob=self.logprob,
+                                 is_disconnected=self.is_disconnected)
+                for i in range(self.n)]
+
+    async def results(self) -> list[GenerateResult]:
+        return await gather_all([
+            self.tm.generate_full(self.input_ids, self.sampling_of(i), rid=self.rid_of(i),
+                                  logprob=self.logprob, is_disconnected=self.is_disconnected)
+            for i in range(self.n)])
+
+
+async def gather_all(awaitables: list[Awaitable[T]]) -> list[T]:
+    """Every result in order; the first failure cancels the rest (aborting their requests)."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def checked_outputs(outputs: AsyncIterator[ReqStrOut]) -> AsyncIterator[ReqStrOut]:
+    """The chunks of one request; an aborted request raises (the stream reports an error)."""
+    async with aclosing(outputs) as stream:
+        async for out in stream:
+            if out.finish is not None and out.finish.kind == "abort":
+                raise APIError(500, out.finish.message or "The request was aborted.", "aborted")
+            yield out
+
+
+async def merge_streams(streams: list[AsyncIterator[ReqStrOut]]
+                        ) -> AsyncIterator[tuple[int, ReqStrOut]]:
+    """(choice index, chunk) from all streams as chunks arrive; ends when every stream has.
+    An aborted choice raises, and closing the merge closes (aborts) every stream."""
+    if len(streams) == 1:
+        async with aclosing(checked_outputs(streams[0])) as only:
+            async for out in only:
+                yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, ReqStrOut | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[ReqStrOut]) -> None:
+        try:
+            async with aclosing(checked_outputs(stream)) as outputs:
+                async for out in outputs:
+                    queue.put_nowait((index, out))
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((index, exc))
+            return
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

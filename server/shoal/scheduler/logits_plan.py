@@ -1,0 +1,56 @@
+"""Which positions of a batch the model returns logits for.
+
+Normally only each request's last new token (the one that may be sampled). A request that wants
+prompt logprobs also needs the logits of every prompt position it computes this step in
+[next_prompt_logprob_pos, len(input_ids) - 1): the logits at position p score prompt token p + 1.
+
+    request r, computing positions [c, c + n) this step (token offset o in the batch):
+      prompt rows:  o + (lo - c) ... o + (hi - c) - 1   lo = max(c, next), hi = min(c + n, L - 1)
+      last row:     o + n - 1   (already among the prompt rows when hi == c + n)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shoal.engine.sampler import PromptSlice
+from shoal.ipc.messages import TokenLogprobs
+from shoal.scheduler.request import Req
+
+
+@dataclass
+class LogitsPlan:
+    indices: list[int]         # token indices whose logits the forward returns, ascending
+    last_rows: list[int]       # per batch row: the logits row of its request's last new token
+    slices: list[PromptSlice]  # prompt positions scored this step
+    owners: list[Req]          # the request of each slice
+
+    def record(self, prompt_logprobs: list[TokenLogprobs]) -> None:
+        for req, logprobs in zip(self.owners, prompt_logprobs):
+            assert req.prompt_logprobs is not None
+            req.prompt_logprobs.extend(logprobs)
+
+
+def plan_logits(rows: list[tuple[Req, int]]) -> LogitsPlan | None:
+    """The plan for a batch of (request, tokens computed); None when every request needs only its
+    last token's logits (the model's default)."""
+    if not any(req.needs_prompt_logprobs for req, _ in rows):
+        return None
+    plan = LogitsPlan(indices=[], last_rows=[], slices=[], owners=[])
+    offset = 0
+    for req, n in rows:
+        start, end = req.cached_len, req.cached_len + n
+        if req.needs_prompt_logprobs:
+            assert req.logprob is not None
+            lo, hi = max(start, req.next_prompt_logprob_pos), min(end, len(req.input_ids) - 1)
+            if lo < hi:
+                plan.slices.append(PromptSlice(row=len(plan.indices),
+                                               target_ids=req.input_ids[lo + 1:hi + 1],
+                                               top_n=req.logprob.top_logprobs_num))
+                plan.owners.append(req)
+                plan.indices += range(offset + lo - start, offset + hi - start)
+        if not plan.indices or plan.indices[-1] != offset + n - 1:
+            plan.indices.append(offset + n - 1)
+        plan.last_rows.append(len(plan.indices) - 1)
+        offset += n
+    return plan
