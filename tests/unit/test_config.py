@@ -67,3 +67,10 @@ def test_plan_pipeline_and_second_node() -> None:
                   "--dist-init-addr", "leader:5000"])
     names = [c.name for c in build_plan(args, "/run/x").components]
     assert names == ["scheduler_PP1_TP0", "scheduler_PP1_TP1"]
+
+
+def test_plan_keeps_the_api_key_out_of_command_lines() -> None:
+    plan = build_plan(parse(["--api-key", "sk-secret"]), "/run/x")
+    for spec in plan.components:
+        assert "sk-secret" not in " ".join(spec.argv)
+        assert spec.env["SHOAL_API_KEY"] == "sk-secret"

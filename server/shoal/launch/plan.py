@@ -6,11 +6,12 @@ supervisord config. One plan, two runners.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
 
-from shoal.config import ServerArgs, to_argv
+from shoal.config import ServerArgs, env_name, to_argv
 
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess directory
@@ -39,9 +40,11 @@ def scheduler_name(pp_rank: int, tp_rank: int, pp_size: int) -> str:
 
 
 def build_plan(args: ServerArgs, run_dir: str, python: str = sys.executable) -> LaunchPlan:
-    flags = to_argv(args)
+    flags = to_argv(dataclasses.replace(args, api_key=None))  # secrets stay out of `ps`
 
     env = {METRICS_DIR_ENV: os.path.join(run_dir, "metrics")}
+    if args.api_key:
+        env[env_name("api_key")] = args.api_key
 
     def component(name: str, role: str, *extra: str, rank: int | None = None) -> ComponentSpec:
         argv = (python, "-m", "shoal", "component", role, "--run-dir", run_dir, *extra, *flags)

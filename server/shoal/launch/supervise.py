@@ -36,11 +36,12 @@ class PlanRunner:
         for spec in self.plan.components:
             self.procs[spec.name] = subprocess.Popen(spec.argv, env={**os.environ, **spec.env})
             logger.info("started %s (pid %d)", spec.title, self.procs[spec.name].pid)
-        code: int = ExitCode.CRASH
         try:
             code = self._wait_for_first_exit()
+            if code == ExitCode.COMPLETED:
+                code = self._drain()
         finally:
-            self._stop_all(drain=code == ExitCode.COMPLETED)
+            self._terminate(list(self.procs.values()), GRACE_S)
         return code
 
     def _request_stop(self, signum: int, frame: object) -> None:
@@ -80,12 +81,21 @@ class PlanRunner:
         logger.error("%s exited with code %d: stopping the server", spec.title, code)
         return code
 
-    def _stop_all(self, drain: bool) -> None:
-        """SIGTERM, then SIGKILL after a grace period. A clean stop drains: the api (which stops
-        accepting and finishes its in-flight requests) goes first, the engine after it."""
-        if drain and "api" in self.procs:
-            self._terminate([self.procs["api"]], DRAIN_TIMEOUT_S)
-        self._terminate(list(self.procs.values()), GRACE_S)
+    def _drain(self) -> int:
+        """A clean stop: the api stops accepting and finishes its in-flight requests while the
+        engine keeps running; an engine component that fails meanwhile still counts."""
+        api = self.procs.get("api")
+        if api is None:
+            return ExitCode.COMPLETED
+        api.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while api.poll() is None and time.monotonic() < deadline:
+            for spec in self.plan.components:
+                code = self.procs[spec.name].poll()
+                if spec.name != "api" and code is not None:
+                    return self._on_component_exit(spec, code)
+            time.sleep(POLL_S)
+        return ExitCode.COMPLETED
 
     @staticmethod
     def _terminate(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
