@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from tests.support.load import keep_busy
 from tests.support.server import RunningServer, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,25 +134,12 @@ def test_sigkill_of_a_rank_ends_the_entrypoint_with_its_code(tmp_path: Path) -> 
     assert "SIGKILL" in message["detail"]
 
 
-def _load(base_url: str, stop: threading.Event) -> None:
-    """Keep a batch running until `stop` (errors are expected once the server goes)."""
-    with httpx.Client(base_url=base_url, timeout=60) as client:
-        for i in range(1000):
-            if stop.is_set():
-                return
-            try:
-                client.post("/generate", json={"text": f"Count to {i}:", "sampling_params": {
-                    "max_new_tokens": 8, "temperature": 0}})
-            except httpx.HTTPError:
-                return
-
-
 def test_hung_rank_trips_the_watchdog_and_the_entrypoint_exits_86(tmp_path: Path) -> None:
     server = start_appliance(tmp_path, "--watchdog-timeout", "10",
                              env={"SHOAL_FAULT": "hang_forward:rank=1:after_steps=5"})
     tree = _tree(server)
     stop = threading.Event()
-    load = threading.Thread(target=_load, args=(server.base_url, stop))
+    load = threading.Thread(target=keep_busy, args=(server.base_url, stop))
     load.start()
     try:
         code = server.proc.wait(timeout=60)

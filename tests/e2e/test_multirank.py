@@ -17,6 +17,7 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
+from tests.support.load import keep_busy
 from tests.support.reference import assert_same_or_tie
 from tests.support.server import (RunningServer, free_port, kill_tree, shoal_processes,
                                   start_server, wait_healthy)
@@ -43,19 +44,6 @@ async def _generate(base_url: str, prompts: list[list[int]], max_new: int = NEW_
             r.raise_for_status()
             return r.json()["output_ids"]
         return list(await asyncio.gather(*(one(p) for p in prompts)))
-
-
-def _load(base_url: str, stop: threading.Event, requests: int = 1000) -> None:
-    """Keep the server busy with short requests until `stop` (errors are expected at the end)."""
-    with httpx.Client(base_url=base_url, timeout=60) as client:
-        for i in range(requests):
-            if stop.is_set():
-                return
-            try:
-                client.post("/generate", json={"text": f"Count to {i}:", "sampling_params": {
-                    "max_new_tokens": 8, "temperature": 0}})
-            except httpx.HTTPError:
-                return
 
 
 def _termination(path: Path) -> dict:
@@ -125,7 +113,7 @@ def test_hung_rank_trips_the_watchdog(tmp_path: Path) -> None:
                           env={"SHOAL_FAULT": "hang_forward:rank=1:after_steps=5",
                                "SHOAL_TERMINATION_LOG": str(log)})
     stop = threading.Event()
-    load = threading.Thread(target=_load, args=(server.base_url, stop))
+    load = threading.Thread(target=keep_busy, args=(server.base_url, stop))
     started = time.monotonic()
     load.start()
     try:
@@ -152,7 +140,7 @@ def test_diverging_rank_fails_the_consensus_check(tmp_path: Path) -> None:
                           env={"SHOAL_FAULT": "diverge_consensus:rank=1:after_events=20",
                                "SHOAL_TERMINATION_LOG": str(log)})
     stop = threading.Event()
-    load = threading.Thread(target=_load, args=(server.base_url, stop))
+    load = threading.Thread(target=keep_busy, args=(server.base_url, stop))
     load.start()
     try:
         code = server.proc.wait(timeout=60)

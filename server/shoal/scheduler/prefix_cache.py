@@ -128,31 +128,16 @@ class RadixCache(PrefixCache):
         return self._evictable + self._protected
 
     def match(self, ids: list[int]) -> PrefixMatch:
-        node, matched, pieces = self.root, 0, []
-        now = time.monotonic()
-        while matched < len(ids) and ids[matched] in node.children:
-            child = node.children[ids[matched]]
-            n = _common_prefix_len(child.key, ids[matched:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            pieces.append(child.slots)
-            matched += n
-            node = child
-        slots = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64)
-        return PrefixMatch(slots, node)
+        end, _ = self._descend(ids)
+        pieces, node = [], end
+        while node is not self.root:
+            pieces.append(node.slots)
+            node = node.parent  # type: ignore[assignment]
+        slots = torch.cat(pieces[::-1]) if pieces else torch.empty(0, dtype=torch.int64)
+        return PrefixMatch(slots, end)
 
     def insert(self, ids: list[int], slots: torch.Tensor) -> int:
-        node, matched = self.root, 0
-        now = time.monotonic()
-        while matched < len(ids) and ids[matched] in node.children:
-            child = node.children[ids[matched]]
-            n = _common_prefix_len(child.key, ids[matched:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            matched += n
-            node = child
+        node, matched = self._descend(ids)
         if matched < len(ids):
             leaf = TreeNode(key=ids[matched:], slots=slots[matched:].clone(), parent=node)
             node.children[ids[matched]] = leaf
@@ -200,6 +185,21 @@ class RadixCache(PrefixCache):
             self.allocator.free(node.slots)
         self.root.children.clear()
         self._evictable = 0
+
+    def _descend(self, ids: list[int]) -> tuple[TreeNode, int]:
+        """Walk down along `ids`, splitting the last edge where the match ends inside it, and
+        touching every node passed. Returns the deepest node reached and the tokens matched."""
+        node, matched = self.root, 0
+        now = time.monotonic()
+        while matched < len(ids) and ids[matched] in node.children:
+            child = node.children[ids[matched]]
+            n = _common_prefix_len(child.key, ids[matched:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            matched += n
+            node = child
+        return node, matched
 
     def _split(self, node: TreeNode, n: int) -> TreeNode:
         """Cut `node`'s edge after `n` tokens; returns the new upper node."""
