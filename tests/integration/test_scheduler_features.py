@@ -158,3 +158,37 @@ def test_chunked_prefill_matches_and_interleaves(tmp_path: Path, model_path: str
     during_prefill = [t for t in stream_times if sent < t < first_token]
     assert len(during_prefill) >= 3000 // 256 - 2  # a token per chunk step, give or take
     assert_same_or_tie(model_path, long_ids, greedy(model_path, long_ids, 8), final["output_ids"])
+
+
+def test_overlap_schedule_gives_the_same_greedy_output(default_server: RunningServer,
+                                                       tmp_path: Path, model_path: str) -> None:
+    bodies = [{"text": f"Note {i}: " + words(4 + 9 * i, seed=200 + i),
+               "sampling_params": {"max_new_tokens": 12 + 2 * i, "temperature": 0,
+                                   "ignore_eos": True}} for i in range(12)]
+    bodies.append({"text": "The alphabet: A, B, C,", "sampling_params": {
+        "max_new_tokens": 40, "temperature": 0, "stop": [" G"]}})
+
+    async def run(base_url: str) -> list[dict]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=600) as c:
+            async def one(body: dict) -> dict:
+                r = await c.post("/generate", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()
+            return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+    normal = asyncio.run(run(default_server.base_url))
+    server = start_server(tmp_path, "--enable-overlap-schedule", "--max-total-tokens", "8192")
+    try:
+        overlapped = asyncio.run(run(server.base_url))
+        with httpx.Client(base_url=server.base_url) as client:
+            info = pool(client)
+        assert "scheduling with the overlap loop" in server.log()
+    finally:
+        server.stop()
+    assert info["num_free_slots"] + info["num_cached_slots"] == info["num_total_slots"]
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    for body, want, got in zip(bodies, normal, overlapped):
+        assert_same_or_tie(model_path, tokenizer.encode(body["text"]), want["output_ids"],
+                           got["output_ids"])
+    assert overlapped[-1]["meta_info"]["finish_reason"]["type"] == "stop"
+    assert overlapped[-1]["text"] == normal[-1]["text"]

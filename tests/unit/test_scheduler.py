@@ -270,3 +270,41 @@ def test_flush_cache_is_refused_while_busy() -> None:
     io.inbox.append(SchedulerInfoReq(rid="i"))
     scheduler.step()
     assert io.replies[-1].info["num_free_slots"] == 4096
+
+
+def run_overlapped_until_idle(scheduler: Scheduler, io: FakeIO, max_steps: int = 10_000) -> None:
+    """The overlap loop, stopped once every request is done (the fake IO never blocks)."""
+    real_recv = io.recv
+    steps = 0
+
+    def recv(blocking: bool) -> list[AnyMessage]:
+        nonlocal steps
+        steps += 1
+        if (not scheduler.has_work and steps > 1) or steps > max_steps:
+            scheduler.should_stop = True
+        return real_recv(blocking)
+
+    io.recv = recv  # type: ignore[method-assign]
+    scheduler.run_forever_overlapped()
+    assert not scheduler.has_work, "the overlap loop stopped with work left"
+
+
+@pytest.mark.parametrize("radix", [True, False])
+def test_overlap_loop_gives_the_same_tokens(radix: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)  # force retractions in both loops too
+    results = []
+    for overlap in (False, True):
+        scheduler, io, model = make_scheduler(num_slots=160, max_running=16, chunk=16,
+                                              radix=radix)
+        io.inbox += [request(f"r{i}", [i + 1] * (5 + 7 * i), max_new=12 + i) for i in range(8)]
+        io.inbox.append(request("stop", [3], max_new=10, stop_token_ids=[6]))
+        if overlap:
+            run_overlapped_until_idle(scheduler, io)
+        else:
+            run_until_idle(scheduler)
+        assert scheduler.memory.check_idle_integrity()
+        results.append({rid: io.tokens(rid) for rid in [f"r{i}" for i in range(8)] + ["stop"]})
+        assert scheduler.num_retracted > 0
+    assert results[0] == results[1]
+    assert results[1]["stop"] == [4, 5, 6]
+    assert results[1]["r7"] == expected_tokens(8, 19)

@@ -82,17 +82,21 @@ class ReqMemory:
 
     def release(self, req: Req) -> None:
         """Hand a request's computed tokens to the prefix cache (slots it duplicates are freed),
-        unlock its prefix and free its row; its progress resets to nothing."""
+        unlock its prefix and free its row; its progress resets to nothing. Positions whose token
+        is still pending (the overlap loop) are not cached: their slots are freed."""
         if req.row is None:
             return
         slots = self.req_to_token.table[req.row, :req.cached_len].clone()
-        already_cached = self.cache.insert(req.fill_ids[:req.cached_len], slots)
+        known = min(req.cached_len, req.known_len)
+        already_cached = self.cache.insert(req.fill_ids[:known], slots[:known])
         self.allocator.free(slots[req.cache_owned_len:already_cached])
+        self.allocator.free(slots[known:])
         if req.prefix_node is not None:
             self.cache.unlock(req.prefix_node)
         self.req_to_token.free(req.row)
         req.row, req.prefix_node = None, None
-        req.cached_len = req.cache_owned_len = 0
+        req.cached_len = req.cache_owned_len = req.num_pending = 0
+        req.epoch += 1
 
     def flush_cache(self) -> None:
         """Drop every cached prefix. Only valid when no request holds KV."""

@@ -75,7 +75,11 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     Watchdog(args.watchdog_timeout, lambda: (scheduler.has_work, scheduler.num_forward_steps),
              scheduler.describe_running, name, layout.rank).start()
     try:
-        scheduler.run_forever()
+        if args.use_overlap_schedule(device.type):
+            logger.info("scheduling with the overlap loop")
+            scheduler.run_forever_overlapped()
+        else:
+            scheduler.run_forever()
     except (dist.DistError, RuntimeError) as exc:
         if layout.world_size == 1 or not _is_peer_failure(exc):
             raise

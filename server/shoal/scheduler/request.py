@@ -47,6 +47,8 @@ class Req:
     logprob: LogprobParams | None = None   # None: no log-probabilities asked
     output_logprobs: TokenLogprobs | None = None  # one per output id, when asked
     prompt_logprobs: TokenLogprobs | None = None  # from position logprob_start_len on, when asked
+    num_pending: int = 0   # tokens sampled by batches not processed yet (the overlap loop)
+    epoch: int = 0         # +1 whenever the request gives its KV back; older batch rows are stale
 
     @classmethod
     def from_message(cls, message: GenerateReq, eos_token_ids: set[int]) -> Req:
@@ -66,6 +68,11 @@ class Req:
 
     @property
     def fill_len(self) -> int:
+        """Tokens so far, counting those sampled but not known yet (`num_pending`)."""
+        return len(self.input_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def known_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
 
     @property
@@ -102,4 +109,10 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        return max(self.sampling.max_new_tokens - len(self.output_ids), 0)
+        return max(self.sampling.max_new_tokens - len(self.output_ids) - self.num_pending, 0)
+
+    @property
+    def needs_sync_sampling(self) -> bool:
+        """Sampling reads the output so far (penalties) or returns logprobs: the overlap loop
+        runs such a step without overlap, so that state is never a token behind."""
+        return self.penalties is not None or self.logprob is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Protocol
@@ -56,7 +57,24 @@ def local_sampling(logits: torch.Tensor | None, work: SamplingWork) -> SamplingR
 class ScheduledBatch:
     rows: list[tuple[Req, int]]  # (request, tokens it computes this step)
     forward: ForwardBatch
+    sampled: list[int]           # rows whose request samples a token after this step
+    sampled_req_rows: list[int]  # their req_to_token rows when built (keys of the future map)
+    epochs: list[int]            # each row's request epoch when built (stale rows are skipped)
+    work: SamplingWork
+    # decode rows whose input is the token a still-running batch samples (the overlap loop):
+    # token positions in input_ids, and the request rows to read from the future-token map
+    future_positions: list[int]
+    future_rows: list[int]
     logits_plan: LogitsPlan | None = None  # None: the logits of each row's last token
+
+    @property
+    def has_prefill(self) -> bool:
+        return any(n > 1 for _, n in self.rows)
+
+    @property
+    def needs_sync(self) -> bool:
+        return self.logits_plan is not None or any(
+            self.rows[i][0].needs_sync_sampling for i in self.sampled)
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,54 @@ class Scheduler:
         while not self.should_stop:
             self.step()
 
+    def run_forever_overlapped(self) -> None:
+        """The overlap loop: step N+1 is scheduled and launched (forward and sampling, in a
+        worker thread) before step N's results are processed, so result handling, streaming and
+        scheduling run while the model computes. A decode row whose token step N is still
+        sampling reads it from the future-token map when its forward starts. A batch whose
+        sampling needs the output so far (penalties, logprobs) runs without overlap, and two
+        prefill steps in a row are not overlapped, so the first one's first tokens go out
+        before the next prefill is launched."""
+        future_tokens = torch.zeros(self.memory.req_to_token.num_rows, dtype=torch.int64)
+        inflight: tuple[ScheduledBatch, Future[SamplingResult]] | None = None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as worker:
+            while not self.should_stop:
+                for message in self.io.recv(blocking=not self.has_work and inflight is None):
+                    self.handle(message)
+                batch = self.schedule()
+                if inflight is not None and batch is not None and (
+                        batch.needs_sync or (batch.has_prefill and inflight[0].has_prefill)):
+                    self._finish_step(*inflight)
+                    inflight = None
+                launched = None
+                if batch is not None:
+                    self._checked_idle = False
+                    launched = (batch, worker.submit(self._compute, batch, future_tokens))
+                if inflight is not None:
+                    self._finish_step(*inflight)
+                inflight = launched
+                if inflight is not None and inflight[0].needs_sync:
+                    self._finish_step(*inflight)
+                    inflight = None
+                if batch is None and inflight is None:
+                    self._on_idle()
+
+    def _compute(self, batch: ScheduledBatch, future_tokens: torch.Tensor) -> SamplingResult:
+        """Worker thread: resolve pending input tokens, forward, sample, publish the tokens."""
+        forward = batch.forward
+        if batch.future_positions:
+            forward.input_ids[batch.future_positions] = future_tokens[batch.future_rows].to(
+                forward.input_ids.device)
+        result = self._sample(batch, self.runner.forward(forward))
+        if batch.sampled:
+            future_tokens[batch.sampled_req_rows] = torch.tensor(result.tokens, dtype=torch.int64)
+        return result
+
+    def _finish_step(self, batch: ScheduledBatch, result: Future[SamplingResult]) -> None:
+        self.num_forward_steps += 1
+        self.process_results(batch, result.result())
+        self._report()
+
     def step(self) -> None:
         for message in self.io.recv(blocking=not self.has_work):
             self.handle(message)
@@ -113,7 +179,10 @@ class Scheduler:
         self._checked_idle = False
         logits = self.runner.forward(batch.forward)
         self.num_forward_steps += 1
-        self.process_results(batch, logits)
+        self.process_results(batch, self._sample(batch, logits))
+        self._report()
+
+    def _report(self) -> None:
         now = time.monotonic()
         if self.stats is not None and self.stats.due(now):
             self.stats.report(self.snapshot(), now)
@@ -211,7 +280,9 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         self._finish_aborted()
-        decoding = [r for r in self.running if r.extend_len == 1]
+        # a request whose last token is still being sampled (the overlap loop) waits for it
+        decoding = [r for r in self.running if r.extend_len == 1 and r.remaining_new_tokens > 0
+                    and r.fill_len < self.config.context_length]
         decoding = self._make_room_for(decoding)
         if decoding:
             self.new_token_ratio.on_step()
@@ -272,14 +343,22 @@ class Scheduler:
         return decoding
 
     def _build(self, rows: list[tuple[Req, int]]) -> ScheduledBatch:
+        """The step's tensors; each request's progress advances now, before the forward runs, so
+        the overlap loop can schedule the next step while this one computes."""
         reqs = [r for r, _ in rows]
         extend_lens = [n for _, n in rows]
         out_cache_loc = self.memory.alloc_slots(reqs, extend_lens)
         input_ids: list[int] = []
         positions: list[int] = []
+        future_positions: list[int] = []
+        future_rows: list[int] = []
         for req, n in rows:
             start = req.cached_len
-            if n == 1 and req.output_ids:
+            if n == 1 and req.num_pending:
+                future_positions.append(len(input_ids))
+                future_rows.append(req.row)  # type: ignore[arg-type]
+                input_ids.append(0)
+            elif n == 1 and req.output_ids:
                 input_ids.append(req.output_ids[-1])
             else:
                 input_ids += req.fill_ids[start:start + n]
@@ -296,36 +375,49 @@ class Scheduler:
         plan = plan_logits(rows)
         if plan is not None:
             forward.logit_indices = torch.tensor(plan.indices, dtype=torch.int64, device=device)
-        return ScheduledBatch(rows=rows, forward=forward, logits_plan=plan)
+        sampled = [i for i, (req, n) in enumerate(rows) if req.cached_len + n == req.fill_len]
+        for req, n in rows:
+            req.cached_len += n
+        for i in sampled:
+            rows[i][0].num_pending += 1
+        sampled_reqs = [rows[i][0] for i in sampled]
+        logit_rows = [plan.last_rows[i] for i in sampled] if plan else sampled
+        work = SamplingWork(sampled_reqs, logit_rows, plan.slices if plan else [])
+        return ScheduledBatch(rows=rows, forward=forward, sampled=sampled,
+                              sampled_req_rows=[r.row for r in sampled_reqs],  # type: ignore[misc]
+                              epochs=[r.epoch for r in reqs], work=work,
+                              future_positions=future_positions, future_rows=future_rows,
+                              logits_plan=plan)
 
     # -- results out ------------------------------------------------------------------------
 
-    def process_results(self, batch: ScheduledBatch, logits: torch.Tensor | None) -> None:
-        sampled_rows = []
-        for i, (req, n) in enumerate(batch.rows):
-            req.cached_len += n
-            if req.cached_len == req.fill_len and req.finish is None:
-                sampled_rows.append(i)
-        reqs = [batch.rows[i][0] for i in sampled_rows]
-        plan = batch.logits_plan
-        if reqs or plan is not None:
-            rows = [plan.last_rows[i] for i in sampled_rows] if plan else sampled_rows
-            result = self.sampling(logits, SamplingWork(reqs, rows, plan.slices if plan else []))
-            if plan is not None:
-                plan.record(result.prompt_logprobs)
-            self._append_tokens(reqs, result)
-        outputs = [self._output(r) for r in reqs if r.stream or r.finish is not None]
-        self.io.send_outputs(outputs)
-        self._release_finished()
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor | None) -> SamplingResult:
+        if not batch.work.reqs and not batch.work.prompt:
+            return SamplingResult(tokens=[])
+        return self.sampling(logits, batch.work)
 
-    def _append_tokens(self, reqs: list[Req], result: SamplingResult) -> None:
-        self.num_generated_tokens += len(reqs)
-        logprobs = result.logprobs or [None] * len(reqs)
-        for req, token, token_logprobs in zip(reqs, result.tokens, logprobs):
+    def process_results(self, batch: ScheduledBatch, result: SamplingResult) -> None:
+        """Append each sampled token, check stops, stream, and release finished requests. Rows
+        of requests that gave their KV back since the batch was built (finished, aborted or
+        retracted while it ran) are stale: their tokens are dropped."""
+        if batch.logits_plan is not None:
+            batch.logits_plan.record(result.prompt_logprobs)
+        logprobs = result.logprobs or [None] * len(batch.sampled)
+        appended = []
+        for i, token, token_logprobs in zip(batch.sampled, result.tokens, logprobs):
+            req = batch.rows[i][0]
+            if req.epoch != batch.epochs[i] or req.finish is not None:
+                continue
+            req.num_pending -= 1
             req.output_ids.append(token)
             if token_logprobs is not None and req.output_logprobs is not None:
                 req.output_logprobs.extend(token_logprobs)
             req.finish = self.stop_checker.check(req)
+            appended.append(req)
+        self.num_generated_tokens += len(appended)
+        self.io.send_outputs([self._output(r) for r in appended
+                              if r.stream or r.finish is not None])
+        self._release_finished()
 
     def _finish_aborted(self) -> None:
         aborted = [r for r in self.running if r.finish is not None]
