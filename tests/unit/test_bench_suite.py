@@ -82,8 +82,6 @@ def test_report_has_tables_commands_and_keeps_the_hand_written_section(tmp_path:
 
 
 def test_plot_is_written(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="the plot needs the bench extra: pip install "
-                                             "-e '.[bench]'")
     png = tmp_path / "plot.png"
     plot_throughput(CFG, results(), png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
