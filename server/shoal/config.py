@@ -40,7 +40,6 @@ class ServerArgs:
     chunked_prefill_size: int = 2048
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     disable_radix_cache: bool = False
-    enable_overlap_schedule: bool = False
     disable_overlap_schedule: bool = False
     watchdog_timeout: float = 300.0
     enable_rank_consensus_check: bool = False
@@ -63,8 +62,6 @@ class ServerArgs:
                                   "backend (the KV pool is paged per token)"),
             (self.chunked_prefill_size >= 1, "--chunked-prefill-size must be >= 1"),
             (self.watchdog_timeout > 0, "--watchdog-timeout must be > 0"),
-            (not (self.enable_overlap_schedule and self.disable_overlap_schedule),
-             "--enable-overlap-schedule and --disable-overlap-schedule contradict each other"),
             (1 <= self.port <= 65535, "--port must be in [1, 65535]"),
             (self.context_length is None or self.context_length >= 2,
              "--context-length must be >= 2"),
@@ -85,12 +82,10 @@ class ServerArgs:
     def ranks_per_node(self) -> int:
         return self.world_size // self.nnodes
 
-    def use_overlap_schedule(self, device_type: str) -> bool:
-        """The overlap loop: on CUDA unless disabled, on CPU only when asked (measured slower
-        there, see docs/benchmarks.md); single-rank servers only."""
-        if self.world_size > 1 or self.disable_overlap_schedule:
-            return False
-        return self.enable_overlap_schedule or device_type == "cuda"
+    @property
+    def use_overlap_schedule(self) -> bool:
+        """The overlap loop, unless disabled; single-rank servers only (docs/architecture.md)."""
+        return self.world_size == 1 and not self.disable_overlap_schedule
 
     def local_ranks(self) -> list[tuple[int, int]]:
         """(pp_rank, tp_rank) of the ranks this node runs; global rank = pp_rank * tp + tp_rank."""

@@ -75,7 +75,7 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     Watchdog(args.watchdog_timeout, lambda: (scheduler.has_work, scheduler.num_forward_steps),
              scheduler.describe_running, name, layout.rank).start()
     try:
-        if args.use_overlap_schedule(device.type):
+        if args.use_overlap_schedule:
             logger.info("scheduling with the overlap loop")
             scheduler.run_forever_overlapped()
         else:
