@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.support.load import keep_busy
+from tests.support.load import exit_code_under_load
 from tests.support.server import RunningServer, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,15 +138,7 @@ def test_hung_rank_trips_the_watchdog_and_the_entrypoint_exits_86(tmp_path: Path
     server = start_appliance(tmp_path, "--watchdog-timeout", "10",
                              env={"SHOAL_FAULT": "hang_forward:rank=1:after_steps=5"})
     tree = _tree(server)
-    stop = threading.Event()
-    load = threading.Thread(target=keep_busy, args=(server.base_url, stop))
-    load.start()
-    try:
-        code = server.proc.wait(timeout=60)
-    finally:
-        stop.set()
-        server.stop()
-        load.join()
+    code = exit_code_under_load(server, timeout=60)
     assert code == 86
     assert not _left_running(tree)
     message = _termination(tmp_path)

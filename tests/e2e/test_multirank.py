@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +16,7 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
-from tests.support.load import keep_busy
+from tests.support.load import exit_code_under_load
 from tests.support.reference import assert_same_or_tie
 from tests.support.server import (RunningServer, free_port, kill_tree, shoal_processes,
                                   start_server, wait_healthy)
@@ -112,16 +111,8 @@ def test_hung_rank_trips_the_watchdog(tmp_path: Path) -> None:
                           "--max-total-tokens", "4096",
                           env={"SHOAL_FAULT": "hang_forward:rank=1:after_steps=5",
                                "SHOAL_TERMINATION_LOG": str(log)})
-    stop = threading.Event()
-    load = threading.Thread(target=keep_busy, args=(server.base_url, stop))
     started = time.monotonic()
-    load.start()
-    try:
-        code = server.proc.wait(timeout=40)
-    finally:
-        stop.set()
-        server.stop()
-        load.join()
+    code = exit_code_under_load(server, timeout=40)
     assert code == 86
     assert time.monotonic() - started < 20 + 5  # 5 forwards, then the 10 s timeout, then exit
     text = server.log()
@@ -139,15 +130,7 @@ def test_diverging_rank_fails_the_consensus_check(tmp_path: Path) -> None:
                           "--max-total-tokens", "4096",
                           env={"SHOAL_FAULT": "diverge_consensus:rank=1:after_events=20",
                                "SHOAL_TERMINATION_LOG": str(log)})
-    stop = threading.Event()
-    load = threading.Thread(target=keep_busy, args=(server.base_url, stop))
-    load.start()
-    try:
-        code = server.proc.wait(timeout=60)
-    finally:
-        stop.set()
-        server.stop()
-        load.join()
+    code = exit_code_under_load(server, timeout=60)
     assert code == 87
     lines = server.log().splitlines()
     injected = next(_log_time(ln) for ln in lines if "now records corrupted events" in ln)

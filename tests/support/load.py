@@ -6,6 +6,8 @@ import threading
 
 import httpx
 
+from tests.support.server import RunningServer
+
 MAX_REQUESTS = 1000
 
 
@@ -20,3 +22,16 @@ def keep_busy(base_url: str, stop: threading.Event) -> None:
                     "max_new_tokens": 8, "temperature": 0}})
             except httpx.HTTPError:
                 return
+
+
+def exit_code_under_load(server: RunningServer, timeout: float) -> int:
+    """Keep `server` busy until it exits on its own (at most `timeout` seconds); its exit code."""
+    stop = threading.Event()
+    load = threading.Thread(target=keep_busy, args=(server.base_url, stop))
+    load.start()
+    try:
+        return server.proc.wait(timeout=timeout)
+    finally:
+        stop.set()
+        server.stop()
+        load.join()
