@@ -80,14 +80,6 @@ class Req:
         return self.fill_len - self.cached_len
 
     @property
-    def is_prefilling(self) -> bool:
-        return self.cached_len < len(self.input_ids)
-
-    @property
-    def is_finished(self) -> bool:
-        return self.finish is not None
-
-    @property
     def next_prompt_logprob_pos(self) -> int:
         """First position whose prompt logprob is still to collect."""
         assert self.logprob is not None and self.prompt_logprobs is not None
