@@ -194,3 +194,9 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(10)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

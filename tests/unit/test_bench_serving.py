@@ -11,14 +11,12 @@ import asyncio
 import json
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -30,6 +28,7 @@ from shoal.bench.datasets import (PromptMaker, load_tokenizer, random_prompts,
 from shoal.bench.serving import poisson_gaps
 from shoal.cli import main
 from tests.support.server import free_port
+from tests.unit.fake_engine import ServerThread
 
 TTFT_S = 0.2
 ITL_S = 0.05
@@ -94,31 +93,6 @@ class FakeOpenAI:
             yield "data: [DONE]\n\n"
 
 
-class Served:
-    def __init__(self, fake: FakeOpenAI) -> None:
-        self.fake = fake
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(fake.app(), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "fake server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 def bench(url: str, tmp_path: Path, *args: str) -> tuple[int, dict[str, Any] | None]:
     out = tmp_path / "result.json"
     with pytest.raises(SystemExit) as exit_info:
@@ -131,7 +105,7 @@ def bench(url: str, tmp_path: Path, *args: str) -> tuple[int, dict[str, Any] | N
 def test_metrics_match_known_timings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # 6 requests, 2 at a time, 5 tokens each: e2e = 0.2 + 4 x 0.05 = 0.4 s; 3 waves = 1.2 s.
     fake = FakeOpenAI()
-    with Served(fake) as served:
+    with ServerThread(fake.app()) as served:
         code, data = bench(served.url, tmp_path, "--num-prompts", "6", "--output-len", "5",
                            "--max-concurrency", "2")
     assert code == 0
@@ -171,7 +145,7 @@ def test_metrics_match_known_timings(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_failures_are_counted_and_exit_nonzero(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeOpenAI(ttft_s=0.01, itl_s=0.005, fail={3}, break_off={5})
-    with Served(fake) as served:
+    with ServerThread(fake.app()) as served:
         code, data = bench(served.url, tmp_path, "--num-prompts", "6", "--output-len", "4",
                            "--max-concurrency", "1")
     assert code == 1
@@ -189,7 +163,7 @@ def test_failures_are_counted_and_exit_nonzero(tmp_path: Path,
 def test_transformers_style_server_gets_generation_config(tmp_path: Path) -> None:
     # Like `transformers serve`: 422 on `ignore_eos`, no `data: [DONE]` at the end.
     fake = FakeOpenAI(ttft_s=0.01, itl_s=0.005, reject={"ignore_eos"}, send_done=False)
-    with Served(fake) as served:
+    with ServerThread(fake.app()) as served:
         code, data = bench(served.url, tmp_path, "--num-prompts", "3", "--output-len", "6")
     assert code == 0
     assert data is not None
@@ -211,7 +185,7 @@ def test_unknown_server_without_usage_fails(tmp_path: Path) -> None:
         yield "data: [DONE]\n\n"
 
     fake._stream = no_usage  # type: ignore[method-assign]
-    with Served(fake) as served:
+    with ServerThread(fake.app()) as served:
         code, data = bench(served.url, tmp_path, "--num-prompts", "2", "--output-len", "2",
                            "--warmup-requests", "0", "--backend", "shoal")
     assert code == 1
@@ -223,7 +197,7 @@ def test_unknown_server_without_usage_fails(tmp_path: Path) -> None:
 def test_poisson_arrivals_follow_the_seeded_gaps(tmp_path: Path) -> None:
     fake = FakeOpenAI(ttft_s=0.0, itl_s=0.0)
     rate, num = 10.0, 8
-    with Served(fake) as served:
+    with ServerThread(fake.app()) as served:
         code, _ = bench(served.url, tmp_path, "--num-prompts", str(num), "--output-len", "1",
                         "--request-rate", str(rate), "--seed", "7", "--warmup-requests", "0",
                         "--backend", "shoal")
@@ -246,7 +220,7 @@ def test_poisson_gaps_have_the_requested_rate() -> None:
 
 def test_infinite_rate_sends_everything_at_once(tmp_path: Path) -> None:
     fake = FakeOpenAI(ttft_s=0.3, itl_s=0.0)
-    with Served(fake) as served:
+    with ServerThread(fake.app()) as served:
         code, data = bench(served.url, tmp_path, "--num-prompts", "8", "--output-len", "1",
                            "--warmup-requests", "0", "--backend", "shoal")
     assert code == 0 and data is not None
@@ -297,7 +271,7 @@ def test_shared_prefix_prompts_share_an_exact_prefix(maker_factory) -> None:
 
 def test_shared_prefix_run_sends_the_prefix_but_warms_up_without_it(tmp_path: Path) -> None:
     fake = FakeOpenAI(ttft_s=0.01, itl_s=0.005)
-    with Served(fake) as served:
+    with ServerThread(fake.app()) as served:
         code, data = bench(served.url, tmp_path, "--dataset", "shared-prefix", "--prefix-len",
                            "64", "--suffix-len", "8", "--num-prompts", "4", "--output-len", "2")
     assert code == 0 and data is not None
