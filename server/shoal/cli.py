@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import socket
 import sys
 import tempfile
 
@@ -15,6 +14,7 @@ from shoal.config import (ComponentArgs, ConfigError, ServerArgs, add_server_fla
                           server_args_from_namespace)
 from shoal.launch.supervisord import add_supervisord_flags
 from shoal.lifecycle import ExitCode
+from shoal.ports import free_port
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,18 +78,12 @@ def _serve(args: ServerArgs) -> int:
     if args.model_path is None:
         model_store.prepare()  # once, before the components race to do it
     if args.world_size > 1 and args.dist_init_addr is None:
-        args = dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{_free_port()}")
+        args = dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
     with tempfile.TemporaryDirectory(prefix="shoal-") as run_dir:
         runner = PlanRunner(build_plan(args, make_run_dir(run_dir)))
         if args.node_rank > 0:
             serve_node_health(args.host, args.port, runner.all_alive)
         return runner.run()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _model(ns: argparse.Namespace) -> int:

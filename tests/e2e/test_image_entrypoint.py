@@ -17,7 +17,8 @@ import httpx
 import psutil
 
 from tests.support.load import exit_code_under_load
-from tests.support.server import RunningServer, free_port, wait_healthy
+from shoal.ports import free_port
+from tests.support.server import RunningServer, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "image" / "entrypoint.py"

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.support.server import free_port
+from shoal.ports import free_port
 
 pytestmark = pytest.mark.image_smoke
 

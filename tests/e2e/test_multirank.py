@@ -18,7 +18,8 @@ from transformers import AutoTokenizer
 
 from tests.support.load import exit_code_under_load
 from tests.support.reference import assert_same_or_tie
-from tests.support.server import (RunningServer, free_port, kill_tree, shoal_processes,
+from shoal.ports import free_port
+from tests.support.server import (RunningServer, kill_tree, shoal_processes,
                                   start_server, wait_healthy)
 
 PROMPTS = [

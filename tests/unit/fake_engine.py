@@ -15,7 +15,6 @@ With `logprob` asked, output token k (from 0) has logprob `fake_logprob(k)` and 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from shoal.ipc import sockets
 from shoal.ipc.messages import (AbortReq, AnyMessage, BatchStrOut, ComponentReady, ControlReply,
                                 FinishReason, FlushCacheReq, GenerateReq, ReqStrOut,
                                 SchedulerInfoReq, TokenLogprobs)
+from shoal.ports import free_port
 
 WORDS = ["Hello", ",", " world", "!", " How"]
 WORD_IDS = [100 + i for i in range(len(WORDS))]
@@ -162,12 +162,6 @@ class FakeEngine:
                 if not running.chunks:
                     del self._running[rid]
         return outputs
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerThread:

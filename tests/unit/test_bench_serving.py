@@ -27,7 +27,7 @@ from shoal.bench.datasets import (PromptMaker, load_tokenizer, random_prompts,
                                   shared_prefix_prompts)
 from shoal.bench.serving import poisson_gaps
 from shoal.cli import main
-from tests.support.server import free_port
+from shoal.ports import free_port
 from tests.unit.fake_engine import ServerThread
 
 TTFT_S = 0.2

@@ -6,7 +6,6 @@ transformers is imported inside functions only: the TP test's spawned workers im
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch.multiprocessing as mp
 from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.model_runner import ModelRunner
 from shoal.engine.parallel import ParallelGroup
+from shoal.ports import free_port
 
 PROMPTS = [[1, 17, 300, 42, 9, 250, 77, 5, 123, 400, 11], [1, 88], [1, 5, 6, 7, 490, 33, 2, 61]]
 TIE_GAP = 1e-3  # a greedy mismatch is tolerated only where transformers' top-2 gap is below this
@@ -237,19 +237,13 @@ def _tp_worker(rank: int, port: int, model_dirs: dict[str, Path], out_dir: Path)
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_tensor_parallel_matches_single_rank(tiny_model_dirs: dict[str, Path],
                                              tmp_path: Path) -> None:
     """tp=2 over gloo: KV heads split evenly (2 heads), unevenly (3 heads) and replicated
     (llama-mqa: 1 head)."""
     model_dirs = {name: tiny_model_dirs[name]
                   for name in ("llama", "qwen2", "llama-mqa", "llama-3groups")}
-    mp.spawn(_tp_worker, args=(_free_port(), model_dirs, tmp_path), nprocs=2)
+    mp.spawn(_tp_worker, args=(free_port(), model_dirs, tmp_path), nprocs=2)
     for name, path in model_dirs.items():
         expected = _scripted_logits(_make_runner(path))
         for rank in range(2):

@@ -22,7 +22,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import httpx
 
 from shoal import model_store
 from shoal.bench.report import machine_info, plot_throughput, write_report
+from shoal.ports import free_port
 from shoal.scheduler.process import torch_threads_per_rank
 
 STARTUP_TIMEOUT_S = 600.0
@@ -82,12 +82,6 @@ QUICK: dict[str, Any] = {
 
 
 # -- processes ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -24,7 +24,6 @@ import dataclasses
 import os
 import re
 import shlex
-import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 from shoal.config import ServerArgs
 from shoal.launch.plan import ComponentSpec, LaunchPlan, build_plan
 from shoal.launch.supervise import DRAIN_TIMEOUT_S, GRACE_S
+from shoal.ports import free_port
 
 SCHEDULER_GROUP = "schedulers"
 LISTENER_NAME = "exit_listener"
@@ -202,10 +202,7 @@ def resolve_launch_args(args: ServerArgs) -> ServerArgs:
     """What `shoal serve` decides before building its plan: a local rendezvous for the ranks of
     a one-node server when `--dist-init-addr` is not given."""
     if args.world_size > 1 and args.dist_init_addr is None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        return dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{port}")
+        return dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
     return args
 
 
