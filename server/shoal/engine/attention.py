@@ -36,11 +36,14 @@ class _Keys:
     """The keys some requests attend to, padded to a common length, for one SDPA call.
 
     slots: [requests, max_seq_len] KV slots; padding points at slot 0.
-    mask:  [requests, 1, queries, max_seq_len], True where a query may attend.
+    mask:  [requests, 1, queries, max_seq_len] additive mask (0 where a query may attend,
+           -inf elsewhere), or None when every query sees every key (or `causal` says how).
+    causal: queries and keys are the same tokens; each sees itself and those before it.
     """
 
     slots: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
+    causal: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,17 +90,22 @@ class TorchNativeBackend(AttentionBackend):
 
     def _decode_keys(self, rows: torch.Tensor, seq_lens: torch.Tensor) -> _Keys:
         max_len = int(seq_lens.max())
+        if int(seq_lens.min()) == max_len:
+            return _Keys(self.req_to_token.table[rows, :max_len], None)
         positions = torch.arange(max_len, device=seq_lens.device)
-        mask = positions[None, :] < seq_lens[:, None]
-        slots = self.req_to_token.table[rows, :max_len].masked_fill(~mask, 0)
-        return _Keys(slots, mask[:, None, None, :])
+        valid = positions[None, :] < seq_lens[:, None]
+        slots = self.req_to_token.table[rows, :max_len].masked_fill(~valid, 0)
+        return _Keys(slots, _additive(valid[:, None, None, :], self.kv_pool.k[0].dtype))
 
     def _extend_keys(self, row: int, extend_len: int, seq_len: int) -> _Keys:
         table = self.req_to_token.table
+        slots = table[row, :seq_len][None]
+        if extend_len == seq_len:
+            return _Keys(slots, None, causal=True)
         keys = torch.arange(seq_len, device=table.device)
         queries = torch.arange(seq_len - extend_len, seq_len, device=table.device)
-        mask = keys[None, :] <= queries[:, None]
-        return _Keys(table[row, :seq_len][None], mask[None, None])
+        visible = keys[None, :] <= queries[:, None]
+        return _Keys(slots, _additive(visible[None, None], self.kv_pool.k[0].dtype))
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                 ) -> torch.Tensor:
@@ -116,11 +124,20 @@ class TorchNativeBackend(AttentionBackend):
         return out
 
 
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility mask as the additive float mask SDPA adds to the scores (built once
+    per forward rather than converted in every layer's SDPA call)."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, float("-inf"))
+
+
 def _attend(keys: _Keys, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
             ) -> torch.Tensor:
     """q [requests, queries, heads, dim] -> attention output of the same shape."""
-    k = k_cache[keys.slots].transpose(1, 2)
-    v = v_cache[keys.slots].transpose(1, 2)
+    flat = keys.slots.reshape(-1)
+    shape = (*keys.slots.shape, *k_cache.shape[1:])
+    k = k_cache.index_select(0, flat).view(shape).transpose(1, 2)
+    v = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=keys.mask,
-                                         enable_gqa=True)
+                                         is_causal=keys.causal, enable_gqa=True)
     return out.transpose(1, 2)

@@ -20,6 +20,7 @@ from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from shoal.engine.parallel import ParallelGroup, pp_layer_range
 from shoal.models import ModelConfig, get_model_class
 from shoal.models.layers import head_shard
+from shoal.models.linear_kernels import use_fast_layout
 from shoal.models.loader import load_checkpoint
 
 # Share of memory the KV pool may take: of available host memory on CPU (the OS, the other
@@ -59,6 +60,7 @@ class ModelRunner:
         with torch.device(device), _default_dtype(dtype):
             self.model = model_class(config, tp, start_layer, end_layer)
         load_checkpoint(self.model, model_path)
+        use_fast_layout(self.model)
 
         num_layers = end_layer - start_layer
         num_kv_heads = head_shard(config.num_heads, config.num_kv_heads, tp).num_kv_heads

@@ -18,6 +18,7 @@ from torch import nn
 
 from shoal.engine.parallel import ParallelGroup
 from shoal.models.config import RopeConfig
+from shoal.models.linear_kernels import linear
 from shoal.models.loader import TensorSlice, read_cols, read_rows
 
 
@@ -32,10 +33,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,16 +57,19 @@ class RotaryEmbedding:
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of shape [num_tokens, 1, head_dim], broadcasting over heads."""
+        """cos and the half-negated sin of shape [num_tokens, 1, head_dim], broadcasting over
+        heads, as `apply_rotary` takes them."""
         freqs = positions[:, None].float() * self.inv_freq
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos = torch.cat((freqs, freqs), dim=-1)[:, None, :].cos()
+        sin = torch.cat((-freqs, freqs), dim=-1)[:, None, :].sin()
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE, x * cos + rotate_half(x) * sin, with the sign of rotate_half folded
+    into `sin` (sin(-a) = -sin(a) exactly) to save a negation per call."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
@@ -128,22 +129,22 @@ class QKVParallelLinear(nn.Module):
 
     def __init__(self, hidden_size: int, head_dim: int, heads: HeadShard, bias: bool) -> None:
         super().__init__()
-        self.q_size = heads.num_heads * head_dim
-        self.kv_size = heads.num_kv_heads * head_dim
+        self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads
+        q_size = heads.num_heads * head_dim
+        kv_size = heads.num_kv_heads * head_dim
         # shard -> (offset in the fused weight, start in the checkpoint tensor, size)
         self._shards = {
-            "q": (0, heads.q_start * head_dim, self.q_size),
-            "k": (self.q_size, heads.kv_start * head_dim, self.kv_size),
-            "v": (self.q_size + self.kv_size, heads.kv_start * head_dim, self.kv_size),
+            "q": (0, heads.q_start * head_dim, q_size),
+            "k": (q_size, heads.kv_start * head_dim, kv_size),
+            "v": (q_size + kv_size, heads.kv_start * head_dim, kv_size),
         }
-        out_features = self.q_size + 2 * self.kv_size
+        out_features = q_size + 2 * kv_size
         self.weight = _parameter(out_features, hidden_size)
         self.bias = _parameter(out_features) if bias else None
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = F.linear(x, self.weight, self.bias)
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        return q, k, v
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]: query, key and value heads."""
+        return linear(x, self.weight, self.bias)
 
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
         assert shard is not None
@@ -160,7 +161,7 @@ class GateUpParallelLinear(nn.Module):
         self.weight = _parameter(2 * self.size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return linear(x, self.weight)
 
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
         assert shard in ("gate", "up")
@@ -181,7 +182,7 @@ class RowParallelLinear(nn.Module):
         self.bias = _parameter(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+        out = self.tp.all_reduce(linear(x, self.weight))
         return out if self.bias is None else out + self.bias
 
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
@@ -220,5 +221,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Vocab-sharded output projection; every rank ends up with the full logits."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.tp.all_gather(F.linear(hidden, self.weight), dim=-1)
+        logits = self.tp.all_gather(linear(hidden, self.weight), dim=-1)
         return logits[:, :self.vocab_size]

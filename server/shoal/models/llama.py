@@ -60,11 +60,11 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x)
-        shape = (x.shape[0], -1, self.head_dim)
-        q = apply_rotary(q.view(shape), cos, sin)
-        k = apply_rotary(k.view(shape), cos, sin)
-        out = attn.forward(self.layer_id, q, k, v.view(shape))
+        heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)
+        q_heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        q, k = apply_rotary(heads[:, :q_heads + kv_heads], cos, sin).split(
+            (q_heads, kv_heads), dim=1)
+        out = attn.forward(self.layer_id, q, k, heads[:, q_heads + kv_heads:])
         return self.o_proj(out.flatten(1))
 
 
