@@ -308,3 +308,57 @@ def test_overlap_loop_gives_the_same_tokens(radix: bool, monkeypatch: pytest.Mon
     assert results[0] == results[1]
     assert results[1]["stop"] == [4, 5, 6]
     assert results[1]["r7"] == expected_tokens(8, 19)
+
+
+def test_requests_arriving_together_compute_a_shared_prefix_once() -> None:
+    prefix = list(range(1, 41))
+    prompts = {f"r{i}": prefix + [i + 1] for i in range(6)}
+    results = {}
+    for radix in (True, False):
+        scheduler, io, model = make_scheduler(radix=radix)
+        io.inbox += [request(rid, prompt, max_new=4, stream=False)
+                     for rid, prompt in prompts.items()]
+        run_until_idle(scheduler)
+        assert scheduler.memory.check_idle_integrity()
+        computed = sum(b.num_tokens for b in model.batches)
+        cached = {o.rid: o.cached_tokens for o in io.outputs}
+        results[radix] = ({rid: io.tokens(rid) for rid in prompts}, computed, cached)
+    assert results[True][0] == results[False][0]
+    # the first request computes the prefix; the others wait one step and find it cached, so
+    # they compute their last prompt token only (plus 3 decode steps each in both runs)
+    assert results[True][1] == 41 + 5 + 6 * 3 and results[False][1] == 6 * 41 + 6 * 3
+    assert results[True][2] == {"r0": 0, **{f"r{i}": 40 for i in range(1, 6)}}
+
+
+def test_a_prompt_is_shared_while_its_request_still_runs() -> None:
+    scheduler, io, model = make_scheduler(chunk=16)
+    long_prompt = list(range(1, 101))
+    io.inbox.append(request("long", long_prompt, max_new=200))
+    while not scheduler.running or scheduler.running[0].output_ids == []:
+        scheduler.step()
+    io.inbox.append(request("late", long_prompt[:60] + [7], max_new=3, stream=False))
+    for _ in range(4):
+        scheduler.step()
+    late = next(o for o in io.outputs if o.rid == "late")
+    assert late.cached_tokens == 60 and late.finish is not None
+    assert any(r.rid == "long" for r in scheduler.running)  # served while "long" decodes
+    run_until_idle(scheduler)
+    assert io.tokens("long") == expected_tokens(100, 200)
+    assert scheduler.memory.check_idle_integrity()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_shared_prefixes_under_retraction_keep_outputs_and_leak_nothing(
+        overlap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)
+    scheduler, io, _ = make_scheduler(num_slots=200, max_running=16, chunk=24)
+    prompts = {f"r{i}": [9] * 30 + [i + 1] * (1 + i % 3) for i in range(10)}
+    io.inbox += [request(rid, prompt, max_new=30) for rid, prompt in prompts.items()]
+    if overlap:
+        run_overlapped_until_idle(scheduler, io)
+    else:
+        run_until_idle(scheduler)
+    for rid, prompt in prompts.items():
+        assert io.tokens(rid) == expected_tokens(prompt[-1], 30), rid
+    assert scheduler.num_retracted > 0
+    assert scheduler.memory.check_idle_integrity()

@@ -80,6 +80,28 @@ class ReqMemory:
             offset += n
         return slots
 
+    def cache_progress(self, req: Req) -> None:
+        """Checkpoint a running request's computed tokens into the prefix cache (SGLang's
+        `cache_unfinished_req`), so requests admitted from now on share them while this one is
+        still running. The request switches to the cache's slots for tokens cached already (its
+        duplicates are freed) and its lock moves to the end of what it computed. Only call this
+        once the forward that computes those tokens has been launched: later forwards, the only
+        ones that can read the slots, run after it."""
+        known = min(req.cached_len, req.known_len)
+        if not self.cache.shares or req.row is None or known <= req.cache_owned_len:
+            return
+        ids = req.fill_ids[:known]
+        slots = self.req_to_token.table[req.row, :known].clone()
+        already_cached = self.cache.insert(ids, slots)
+        self.allocator.free(slots[req.cache_owned_len:already_cached])
+        match = self.cache.match(ids)
+        assert len(match.slots) == known
+        self.req_to_token.table[req.row, :known] = match.slots.to(self.req_to_token.table.device)
+        self.cache.lock(match.node)
+        if req.prefix_node is not None:
+            self.cache.unlock(req.prefix_node)
+        req.prefix_node, req.cache_owned_len = match.node, known
+
     def release(self, req: Req) -> None:
         """Hand a request's computed tokens to the prefix cache (slots it duplicates are freed),
         unlock its prefix and free its row; its progress resets to nothing. Positions whose token

@@ -41,6 +41,8 @@ class PrefixMatch:
 class PrefixCache(ABC):
     """What the scheduler needs from a prefix cache; `NoPrefixCache` is the disabled one."""
 
+    shares: bool = True  # whether a request can ever reuse another's KV through this cache
+
     @abstractmethod
     def match(self, ids: list[int]) -> PrefixMatch:
         """The longest cached prefix of `ids`. Does not change what is cached (it may split a
@@ -81,6 +83,8 @@ class PrefixCache(ABC):
 
 class NoPrefixCache(PrefixCache):
     """`--disable-radix-cache`: nothing is ever cached."""
+
+    shares = False
 
     def __init__(self) -> None:
         self._root = TreeNode()
@@ -193,7 +197,7 @@ class RadixCache(PrefixCache):
         now = time.monotonic()
         while matched < len(ids) and ids[matched] in node.children:
             child = node.children[ids[matched]]
-            n = _common_prefix_len(child.key, ids[matched:])
+            n = common_prefix_len(child.key, ids[matched:])
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
@@ -224,7 +228,7 @@ class RadixCache(PrefixCache):
         return [node for node in self._nodes() if node.is_leaf]
 
 
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

@@ -22,6 +22,7 @@ from shoal.metrics.scheduler_metrics import SchedulerSnapshot, SchedulerStats
 from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefill import NewTokenRatio, PrefillAdder, future_slots
+from shoal.scheduler.prefix_cache import common_prefix_len
 from shoal.scheduler.request import Req
 from shoal.scheduler.stop import StopChecker
 
@@ -86,6 +87,9 @@ class SchedulerConfig:
 
 
 LPM_MAX_QUEUE = 128  # beyond this many waiting requests, lpm's matching costs more than it saves
+# a waiting request sharing more than this many uncached tokens with a prompt being computed in
+# this step waits for it (SGLang's IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD)
+IN_BATCH_PREFIX_MIN = 32
 
 
 class Scheduler:
@@ -307,15 +311,21 @@ class Scheduler:
         return self._build(rows)
 
     def _admit(self, adder: PrefillAdder) -> None:
-        """Admit waiting requests in policy order until one does not fit."""
+        """Admit waiting requests in policy order until one does not fit. A request that shares
+        more than it has cached with a prompt this step computes waits a step instead, and then
+        finds those tokens in the cache (SGLang's in-batch prefix caching)."""
         if self.config.schedule_policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             matched = {id(r): len(self.memory.match_prefix(r).slots) for r in self.waiting}
             self.waiting = deque(sorted(self.waiting, key=lambda r: -matched[id(r)]))
+        deferred: list[Req] = []
         while self.waiting:
             req = self.waiting[0]
             match = self.memory.match_prefix(req)
+            if self._computed_in_this_step(req, len(match.slots), adder):
+                deferred.append(self.waiting.popleft())
+                continue
             if adder.try_admit(req, len(match.slots)) is None:
-                return
+                break
             self.waiting.popleft()
             first_admission = not req.was_admitted
             self.memory.admit(req, match)
@@ -325,6 +335,17 @@ class Scheduler:
                 self.num_cached_tokens += req.cached_tokens
             if self.record_event is not None:
                 self.record_event(f"admit {req.rid} prefix={len(match.slots)}")
+        self.waiting.extendleft(reversed(deferred))
+
+    def _computed_in_this_step(self, req: Req, cached: int, adder: PrefillAdder) -> bool:
+        """Whether a prefill row of this step computes more than `IN_BATCH_PREFIX_MIN` of the
+        tokens `req` would compute beyond its `cached` prefix."""
+        if not self.memory.cache.shares:
+            return False
+        ids = req.fill_ids[:req.max_prefix_match_len]
+        return any(
+            common_prefix_len(ids, other.fill_ids[:other.cached_len + n]) - cached
+            > IN_BATCH_PREFIX_MIN for other, n in adder.rows)
 
     def _make_room_for(self, decoding: list[Req]) -> list[Req]:
         """Retract the least-advanced requests until every remaining decode row has a slot."""
@@ -414,6 +435,9 @@ class Scheduler:
                 req.output_logprobs.extend(token_logprobs)
             req.finish = self.stop_checker.check(req)
             appended.append(req)
+        for (req, n), epoch in zip(batch.rows, batch.epochs):
+            if n > 1 and req.epoch == epoch and req.finish is None:
+                self.memory.cache_progress(req)
         self.num_generated_tokens += len(appended)
         self.io.send_outputs([self._output(r) for r in appended
                               if r.stream or r.finish is not None])
