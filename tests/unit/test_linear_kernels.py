@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.models import linear_kernels
 from shoal.models.linear_kernels import linear, use_fast_layout
 
 
@@ -55,3 +56,26 @@ def test_linear_takes_a_non_contiguous_input(model: _Tied) -> None:
     torch.testing.assert_close(linear(x, model.proj.weight, model.proj.bias),
                                F.linear(x.contiguous(), model.proj.weight, model.proj.bias),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_large_products_run_on_more_threads_and_restore_the_count(
+        model: _Tied, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_kernels._Threads, "base", 1)
+    monkeypatch.setattr(linear_kernels._Threads, "large", 2)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    seen: list[int] = []
+    real = linear_kernels._onednn_linear
+    monkeypatch.setattr(linear_kernels, "_onednn_linear",
+                        lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    try:
+        use_fast_layout(model)
+        for rows in (linear_kernels.LARGE_PRODUCT_ROWS, 8):
+            x = torch.randn(rows, 48)
+            torch.testing.assert_close(linear(x, model.proj.weight, model.proj.bias),
+                                       F.linear(x, model.proj.weight, model.proj.bias),
+                                       rtol=1e-5, atol=1e-5)
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [2, 1]

@@ -54,9 +54,10 @@ def _out_tps(run: Run | None) -> float | None:
     return None if r is None else float(r["output_throughput"])
 
 
-def _fwd_tps(run: Run | None) -> float | None:
-    r = _result(run)
-    return None if r is None else float(r["tokens_per_s"])
+def _fwd_tps(runs: list[Run] | None) -> float | None:
+    """The ceiling: mean tokens/s of the bare-forward runs around a serving run."""
+    values = [float(r["tokens_per_s"]) for r in map(_result, runs or []) if r is not None]
+    return sum(values) / len(values) if values else None
 
 
 def _best_generate(res: SuiteResults) -> dict[str, Any] | None:
@@ -165,7 +166,9 @@ def write_report(cfg: SuiteConfig, res: SuiteResults, machine: dict[str, str],
         f"prefix in both runs.",
         f"- bare forward: `shoal bench forward` at batch = concurrency, KV context "
         f"{cfg.forward_context_len} tokens (the mean context of a random-dataset request while "
-        f"it decodes: {cfg.input_len} + {cfg.output_len}/2), {cfg.forward_steps} timed steps.",
+        f"it decodes: {cfg.input_len} + {cfg.output_len}/2), {cfg.forward_steps} timed steps; "
+        f"the mean of a run right before and one right after shoal's serving run at that "
+        f"concurrency (the server up and idle), since what this shared host gives drifts.",
         "- transformers `generate`: batch 1, the same prompt and output lengths; tokens/s = "
         "output tokens / generate time (prefill included, as in a serving request).",
         "",

@@ -1,10 +1,12 @@
 """`make bench`: shoal vs `transformers serve --continuous-batching` vs the bare-forward ceiling.
 
 One run on one machine, the same workload for everyone:
-    1. `shoal bench forward` at batch B = each concurrency (nothing else running);
-    2. transformers `generate` at batch 1 (best of 1 thread and all cores);
-    3. `shoal serve`: the random dataset at each concurrency, then the shared-prefix dataset;
-    4. `shoal serve --disable-radix-cache`: the shared-prefix dataset;
+    1. transformers `generate` at batch 1 (best of 1 thread and all cores);
+    2. `shoal serve`: at each concurrency c, the random dataset between two runs of
+       `shoal bench forward` at batch c (the server up and idle); then the shared-prefix
+       dataset. The ceiling is the mean of the runs just before and just after the serving run
+       it is compared with: what this shared 2-core host gives drifts by 10-30% within minutes;
+    3. `shoal serve --disable-radix-cache`: the shared-prefix dataset;
     5. `transformers serve --continuous-batching`: the random dataset at each concurrency.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
 Writes docs/benchmarks.md (the section "Where the time goes" of an existing file is kept) and
@@ -166,13 +168,14 @@ class Run:
     output_file: Path
     returncode: int | None = None
     data: dict[str, Any] | None = None
+    started: float = 0.0
     seconds: float = 0.0
 
     def execute(self) -> Run:
         print(f"[suite] {self.label}: {self.command()}", file=sys.stderr, flush=True)
-        start = time.monotonic()
+        self.started = time.monotonic()
         self.returncode = subprocess.run(self.argv, check=False).returncode
-        self.seconds = time.monotonic() - start
+        self.seconds = time.monotonic() - self.started
         if self.output_file.exists():
             self.data = json.loads(self.output_file.read_text())
         if self.returncode != 0:
@@ -192,6 +195,14 @@ def serving_run(label: str, server: Server, results: Path, *args: str) -> Run:
     argv = [sys.executable, "-m", "shoal", "bench", "serving", "--base-url", server.base_url,
             *args, "--output-file", str(out)]
     return Run(label, argv, out).execute()
+
+
+def forward_run(label: str, cfg: SuiteConfig, batch_size: int, results: Path) -> Run:
+    out = results / f"{label}.json"
+    return Run(label, [sys.executable, "-m", "shoal", "bench", "forward", "--batch-size",
+                       str(batch_size), "--context-len", str(cfg.forward_context_len),
+                       "--steps", str(cfg.forward_steps), "--output-file", str(out)],
+               out).execute()
 
 
 def random_args(cfg: SuiteConfig, concurrency: int) -> list[str]:
@@ -214,7 +225,7 @@ def shared_prefix_args(cfg: SuiteConfig) -> list[str]:
 
 @dataclass
 class SuiteResults:
-    forward: dict[int, Run] = dataclasses.field(default_factory=dict)
+    forward: dict[int, list[Run]] = dataclasses.field(default_factory=dict)  # before, after
     generate: list[Run] = dataclasses.field(default_factory=list)
     shoal: dict[int, Run] = dataclasses.field(default_factory=dict)
     transformers: dict[int, Run] = dataclasses.field(default_factory=dict)
@@ -224,21 +235,16 @@ class SuiteResults:
     errors: list[str] = dataclasses.field(default_factory=list)
 
     def all_runs(self) -> list[Run]:
-        runs = [*self.forward.values(), *self.generate, *self.shoal.values(), self.radix,
+        forward = [r for pair in self.forward.values() for r in pair]
+        runs = [*forward, *self.generate, *self.shoal.values(), self.radix,
                 self.no_radix, *self.transformers.values()]
-        return [r for r in runs if r is not None]
+        return sorted((r for r in runs if r is not None), key=lambda r: r.started)
 
 
 def run_suite(cfg: SuiteConfig, results: Path) -> SuiteResults:
     model_path = str(model_store.prepare())
     threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
     res = SuiteResults()
-    for c in cfg.concurrencies:
-        out = results / f"forward-b{c}.json"
-        res.forward[c] = Run(f"forward-b{c}", [
-            sys.executable, "-m", "shoal", "bench", "forward", "--batch-size", str(c),
-            "--context-len", str(cfg.forward_context_len), "--steps", str(cfg.forward_steps),
-            "--output-file", str(out)], out).execute()
     for n in sorted({threads, os.cpu_count() or 1}):
         out = results / f"generate-t{n}.json"
         res.generate.append(Run(f"generate-t{n}", [
@@ -260,7 +266,9 @@ def run_suite(cfg: SuiteConfig, results: Path) -> SuiteResults:
 
     def shoal_body(server: Server) -> None:
         for c in cfg.concurrencies:
+            res.forward[c] = [forward_run(f"forward-b{c}-before", cfg, c, results)]
             res.shoal[c] = serving_run(f"shoal-c{c}", server, results, *random_args(cfg, c))
+            res.forward[c].append(forward_run(f"forward-b{c}-after", cfg, c, results))
         flushed = httpx.post(server.base_url + "/flush_cache", timeout=60)
         if flushed.status_code != 200:
             res.errors.append(f"/flush_cache answered {flushed.status_code}: {flushed.text}")

@@ -10,6 +10,10 @@ weights at one thread:
   for CPU linears) is 1.2-1.7x faster than MKL's SGEMM, which takes a slow path on this CPU;
 - huge pages make streaming all weights once per decode step another ~10% faster.
 Both are plain float32 products; only the summation order differs from `F.linear`.
+A product of at least `LARGE_PRODUCT_ROWS` rows (a prefill) may run on more threads than the
+rest of the forward (`use_threads_for_large_products`): it is compute-bound and one barrier long,
+so a thread the OS preempts for the api delays it a little, where the many small ops of a decode
+step would stall at every barrier (docs/operations.md).
 Elsewhere (CUDA, other dtypes) this is `F.linear` on the usual row-major weight.
 """
 
@@ -28,6 +32,18 @@ logger = logging.getLogger(__name__)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
+LARGE_PRODUCT_ROWS = 256
+
+
+class _Threads:
+    base = 0   # 0: leave torch's thread count alone
+    large = 0
+
+
+def use_threads_for_large_products(base: int, large: int) -> None:
+    """Run products of `LARGE_PRODUCT_ROWS` rows or more on `large` torch threads, then return to
+    `base` (the process's torch thread count)."""
+    _Threads.base, _Threads.large = base, large
 
 
 def _column_major(weight: torch.Tensor) -> bool:
@@ -39,8 +55,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """`F.linear(x, weight, bias)` for 2-D `x`, through oneDNN for a column-major CPU weight
     and more than one row."""
     if _ONEDNN and x.shape[0] > 1 and x.device.type == "cpu" and _column_major(weight):
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+        if x.shape[0] < LARGE_PRODUCT_ROWS or _Threads.large <= _Threads.base:
+            return _onednn_linear(x, weight, bias)
+        torch.set_num_threads(_Threads.large)
+        try:
+            return _onednn_linear(x, weight, bias)
+        finally:
+            torch.set_num_threads(_Threads.base)
     return F.linear(x, weight, bias)
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                   ) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
 def use_fast_layout(model: nn.Module) -> None:

@@ -21,6 +21,7 @@ from shoal.launch.component import StartupFailed, component_name
 from shoal.lifecycle import ExitCode, exit_process, write_termination_message
 from shoal.metrics.scheduler_metrics import SchedulerStats
 from shoal.models import ModelConfig
+from shoal.models.linear_kernels import use_threads_for_large_products
 from shoal.scheduler.consensus import ConsensusChecker
 from shoal.scheduler.io import Rank0IO
 from shoal.scheduler.memory import ReqMemory
@@ -43,6 +44,12 @@ def torch_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
     return max(1, (num_cores - 1) // ranks_on_this_host)
 
 
+def large_product_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
+    """Cores per local rank, none left over: for the prefill's large products only (they are
+    one barrier each; see `shoal.models.linear_kernels`)."""
+    return max(1, num_cores // ranks_on_this_host)
+
+
 @dataclass(frozen=True)
 class RankContext:
     name: str
@@ -56,7 +63,11 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     layout = RankLayout(tp_rank=component.tp_rank, tp_size=args.tp, pp_rank=component.pp_rank,
                         pp_size=args.pp)
     injected = faults.faults_from_env()
-    torch.set_num_threads(torch_threads_per_rank(os.cpu_count() or 1, args.ranks_per_node))
+    cores = os.cpu_count() or 1
+    threads = torch_threads_per_rank(cores, args.ranks_per_node)
+    torch.set_num_threads(threads)
+    use_threads_for_large_products(threads,
+                                   large_product_threads_per_rank(cores, args.ranks_per_node))
     try:
         device = resolve_device(args.device)
         if device.type == "cuda":  # one GPU per local rank
