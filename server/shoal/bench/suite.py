@@ -7,7 +7,7 @@ One run on one machine, the same workload for everyone:
        dataset. The ceiling is the mean of the runs just before and just after the serving run
        it is compared with: what this shared 2-core host gives drifts by 10-30% within minutes;
     3. `shoal serve --disable-radix-cache`: the shared-prefix dataset;
-    5. `transformers serve --continuous-batching`: the random dataset at each concurrency.
+    4. `transformers serve --continuous-batching`: the random dataset at each concurrency.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
 Writes docs/benchmarks.md (the section "Where the time goes" of an existing file is kept) and
 docs/benchmarks_throughput.png; raw JSON goes to --results-dir.

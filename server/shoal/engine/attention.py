@@ -68,7 +68,8 @@ class TorchNativeBackend(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         self._out_cache_loc = batch.out_cache_loc
         if batch.is_decode:
-            self._decode = self._decode_keys(batch.req_pool_indices, batch.seq_lens)
+            self._decode = self._decode_keys(batch.req_pool_indices, batch.seq_lens,
+                                             batch.seq_lens_list)
             self._decode_tokens, self._extends = None, []
             return
         rows = batch.req_pool_indices.tolist()
@@ -84,13 +85,16 @@ class TorchNativeBackend(AttentionBackend):
         if decode:
             device = batch.input_ids.device
             picked = torch.tensor(decode, dtype=torch.int64, device=device)
-            self._decode = self._decode_keys(batch.req_pool_indices[picked], batch.seq_lens[picked])
+            self._decode = self._decode_keys(batch.req_pool_indices[picked], batch.seq_lens[picked],
+                                             [batch.seq_lens_list[r] for r in decode])
             self._decode_tokens = torch.tensor([starts[r] for r in decode], dtype=torch.int64,
                                                device=device)
 
-    def _decode_keys(self, rows: torch.Tensor, seq_lens: torch.Tensor) -> _Keys:
-        max_len = int(seq_lens.max())
-        if int(seq_lens.min()) == max_len:
+    def _decode_keys(self, rows: torch.Tensor, seq_lens: torch.Tensor, lens: list[int]
+                     ) -> _Keys:
+        """Keys of decode rows; `lens` is `seq_lens` on the host (no device sync)."""
+        max_len = max(lens)
+        if min(lens) == max_len:
             return _Keys(self.req_to_token.table[rows, :max_len], None)
         positions = torch.arange(max_len, device=seq_lens.device)
         valid = positions[None, :] < seq_lens[:, None]

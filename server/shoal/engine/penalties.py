@@ -104,8 +104,7 @@ def _repetition(logits: torch.Tensor, rows: list[tuple[int, PenaltyState]]) -> N
         return
     index = torch.tensor([i for i, _ in rows], dtype=torch.int64, device=logits.device)
     seen = torch.stack([s.seen for _, s in rows if s.seen is not None])
-    penalty = torch.tensor([s.params.repetition_penalty for _, s in rows],
-                           dtype=logits.dtype, device=logits.device).unsqueeze(1)
+    penalty = _param_column(rows, "repetition_penalty", logits)
     sub = logits[index]
     penalized = torch.where(sub > 0, sub / penalty, sub * penalty)
     logits[index] = torch.where(seen, penalized, sub)
@@ -116,11 +115,16 @@ def _frequency_presence(logits: torch.Tensor, rows: list[tuple[int, PenaltyState
         return
     index = torch.tensor([i for i, _ in rows], dtype=torch.int64, device=logits.device)
     counts = torch.stack([s.counts for _, s in rows if s.counts is not None])
-    frequency = torch.tensor([s.params.frequency_penalty for _, s in rows],
-                             dtype=logits.dtype, device=logits.device).unsqueeze(1)
-    presence = torch.tensor([s.params.presence_penalty for _, s in rows],
-                            dtype=logits.dtype, device=logits.device).unsqueeze(1)
+    frequency = _param_column(rows, "frequency_penalty", logits)
+    presence = _param_column(rows, "presence_penalty", logits)
     logits[index] -= frequency * counts + presence * (counts > 0).to(logits.dtype)
+
+
+def _param_column(rows: list[tuple[int, PenaltyState]], name: str, logits: torch.Tensor
+                  ) -> torch.Tensor:
+    """Sampling parameter `name` of each row as a [rows, 1] column broadcasting over the vocab."""
+    return torch.tensor([getattr(s.params, name) for _, s in rows], dtype=logits.dtype,
+                        device=logits.device).unsqueeze(1)
 
 
 def _ids(ids: list[int], vocab: int, device: torch.device) -> torch.Tensor:

@@ -87,13 +87,11 @@ class ReqMemory:
         duplicates are freed) and its lock moves to the end of what it computed. Only call this
         once the forward that computes those tokens has been launched: later forwards, the only
         ones that can read the slots, run after it."""
-        known = min(req.cached_len, req.known_len)
-        if not self.cache.shares or req.row is None or known <= req.cache_owned_len:
+        if (not self.cache.shares or req.row is None
+                or min(req.cached_len, req.known_len) <= req.cache_owned_len):
             return
-        ids = req.fill_ids[:known]
-        slots = self.req_to_token.table[req.row, :known].clone()
-        already_cached = self.cache.insert(ids, slots)
-        self.allocator.free(slots[req.cache_owned_len:already_cached])
+        ids, _ = self._insert_computed(req)
+        known = len(ids)
         match = self.cache.match(ids)
         assert len(match.slots) == known
         self.req_to_token.table[req.row, :known] = match.slots.to(self.req_to_token.table.device)
@@ -108,17 +106,25 @@ class ReqMemory:
         is still pending (the overlap loop) are not cached: their slots are freed."""
         if req.row is None:
             return
-        slots = self.req_to_token.table[req.row, :req.cached_len].clone()
-        known = min(req.cached_len, req.known_len)
-        already_cached = self.cache.insert(req.fill_ids[:known], slots[:known])
-        self.allocator.free(slots[req.cache_owned_len:already_cached])
-        self.allocator.free(slots[known:])
+        ids, slots = self._insert_computed(req)
+        self.allocator.free(slots[len(ids):])
         if req.prefix_node is not None:
             self.cache.unlock(req.prefix_node)
         self.req_to_token.free(req.row)
         req.row, req.prefix_node = None, None
         req.cached_len = req.cache_owned_len = req.num_pending = 0
         req.epoch += 1
+
+    def _insert_computed(self, req: Req) -> tuple[list[int], torch.Tensor]:
+        """Insert the computed tokens whose ids are known into the cache and free the request's
+        slots the cache already had. Returns those ids and the request's row slots (all
+        `cached_len` of them, pending positions included)."""
+        assert req.row is not None
+        slots = self.req_to_token.table[req.row, :req.cached_len].clone()
+        ids = req.fill_ids[:min(req.cached_len, req.known_len)]
+        already_cached = self.cache.insert(ids, slots[:len(ids)])
+        self.allocator.free(slots[req.cache_owned_len:already_cached])
+        return ids, slots
 
     def flush_cache(self) -> None:
         """Drop every cached prefix. Only valid when no request holds KV."""

@@ -344,7 +344,7 @@ class Scheduler:
             return False
         ids = req.fill_ids[:req.max_prefix_match_len]
         return any(
-            common_prefix_len(ids, other.fill_ids[:other.cached_len + n]) - cached
+            min(common_prefix_len(ids, other.fill_ids), other.cached_len + n) - cached
             > IN_BATCH_PREFIX_MIN for other, n in adder.rows)
 
     def _make_room_for(self, decoding: list[Req]) -> list[Req]:
