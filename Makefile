@@ -12,8 +12,17 @@ SMOKE_IMAGE ?= shoal:smoke
 SMOKE_BASE  ?= shoal-smoke-base:bookworm
 # `make bench BENCH_ARGS=--quick`: a few-minute smoke run (report under build/bench/, not docs/)
 BENCH_ARGS ?=
+# A CPU build of torch next to the checkout (../shared/wheels), when there is one: pip prefers it
+# to PyPI's CUDA build. Elsewhere pip takes torch from PyPI with the same command.
+WHEELS := $(wildcard $(abspath ../shared/wheels))
+ifneq ($(WHEELS),)
+export PIP_FIND_LINKS := $(WHEELS)
+endif
+# Test-cluster binaries (kube-apiserver, kube-controller-manager, etcd, helm), built once from
+# their Go modules into a cache outside the repository, keyed by version (tools/*/build.sh)
+export SHOAL_TOOLS_DIR ?= $(HOME)/.cache/shoal-tools
 
-.PHONY: setup serve test bench gpu-check clean lint image-smoke
+.PHONY: setup serve test bench gpu-check clean lint image-smoke kube-tools
 
 setup: $(STAMP)
 
@@ -29,8 +38,12 @@ $(STAMP): pyproject.toml Makefile
 serve: setup
 	$(BIN)/shoal serve $(ARGS)
 
-test: setup
+test: setup kube-tools
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# the real test cluster's binaries: a no-op when cached; a cold build prints its timings
+kube-tools:
+	tools/k8s/build.sh
 
 # shoal vs transformers serve --continuous-batching vs the bare forward; writes docs/benchmarks.md
 # and docs/benchmarks_throughput.png (25-30 minutes on 2 cores; workload in docs/benchmarks.md)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import logging
 import os
 import shutil
@@ -40,7 +39,8 @@ from shoal.launch.node_health import serve_node_health
 from shoal.launch.plan import build_plan
 from shoal.launch.supervisord import (SupervisordFiles, SupervisordOptions,
                                       render_supervisord_conf, resolve_launch_args)
-from shoal.lifecycle import (ExitCode, reset_termination_log, termination_log_path,
+from shoal.lifecycle import (ExitCode, classify_exit, fail, parse_termination_message,
+                             reset_termination_log, termination_log_path,
                              write_termination_message)
 
 logger = logging.getLogger("shoal.entrypoint")
@@ -61,8 +61,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _startup_failed(detail: str) -> NoReturn:
     logger.error("cannot start: %s", detail)
-    write_termination_message(ExitCode.STARTUP_FAILED, "entrypoint", None, detail)
-    sys.exit(ExitCode.STARTUP_FAILED)
+    fail(ExitCode.STARTUP_FAILED, "entrypoint", None, detail)
 
 
 class Appliance:
@@ -124,25 +123,17 @@ class Appliance:
 
     def _exit_code(self) -> int:
         record = Path(self.files.exit_record)
-        if record.exists():
-            failure = json.loads(record.read_text())
-            # no-op when the listener (or the component itself) already wrote it
-            write_termination_message(failure["exit_code"], failure["component"],
-                                      failure["rank"], failure["detail"])
-            logger.error("server stopped: %s (exit code %d)", failure["detail"],
-                         failure["exit_code"])
-            return int(failure["exit_code"])
-        status = self.supervisord_status
-        if status is not None and status < 0:  # killed, e.g. by the OOM killer: 128 + signal
-            code, detail = 128 - status, f"supervisord killed by {signal.Signals(-status).name}"
-            write_termination_message(code, "supervisord", None, detail)
-            return code
-        if status != 0:
-            detail = f"supervisord exited with {status}"
-            write_termination_message(ExitCode.CRASH, "supervisord", None, detail)
-            return ExitCode.CRASH
-        logger.info("server stopped cleanly")
-        return ExitCode.COMPLETED
+        failure = parse_termination_message(record.read_text()) if record.exists() else None
+        if failure is None:
+            failure = classify_exit(self.supervisord_status, component="supervisord",
+                                    expected=True)
+            if failure.exit_code == ExitCode.COMPLETED:
+                logger.info("server stopped cleanly")
+                return ExitCode.COMPLETED
+        # a no-op when the listener (or the component itself) already wrote it
+        write_termination_message(failure)
+        logger.error("server stopped: %s (exit code %d)", failure.detail, failure.exit_code)
+        return failure.exit_code
 
 
 def _terminate_with_parent() -> None:

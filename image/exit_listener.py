@@ -1,7 +1,7 @@
 """supervisord event listener: when a program of the server exits or goes FATAL, stop the server.
 
-It decides which exit ends the server (the first that is not `peer-lost`; a `peer-lost` exit only
-when nothing else fails within PEER_LOST_GRACE_S, as `shoal serve` does), then
+It classifies each exit with `shoal.lifecycle.classify_exit` and lets `FirstFailure` decide which
+one ends the server (as `shoal serve` does), then
 
 1. writes the termination message on the program's behalf (a no-op when the program wrote its
    own; a program killed by a signal cannot), through `shoal.lifecycle`;
@@ -18,7 +18,6 @@ taken for a failure.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -26,47 +25,24 @@ import select
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
-from shoal.lifecycle import ExitCode, write_termination_message
+from shoal.lifecycle import (ExitCode, FirstFailure, Reason, Termination, classify_exit,
+                             write_termination_message)
 
 logger = logging.getLogger("shoal.exit_listener")
 
-PEER_LOST_GRACE_S = 2.0
 EXIT_STATUS_WAIT_S = 2.0  # how long to look for supervisord's log line of an exit
 LOG_TAIL_BYTES = 256 * 1024
 _EXITED = re.compile(r"exited: (?P<name>\S+) \((?:exit status (?P<code>\d+)"
                      r"|terminated by (?P<signal>SIG[A-Z0-9]+))")
 
 
-@dataclass(frozen=True)
-class Failure:
-    component: str
-    rank: int | None
-    exit_code: int
-    detail: str
-
-
-def exit_failure(name: str, rank: int | None, status: int | str | None) -> Failure:
-    """The failure of a program that exited with `status`: an exit code, a signal name from
-    supervisord's log, or None when it is not known."""
-    title = f"shoal::{name}"
-    if isinstance(status, str):
-        signum = signal.Signals[status]
-        return Failure(name, rank, 128 + signum, f"{title} killed by {status}")
-    if status is None:
-        return Failure(name, rank, ExitCode.CRASH, f"{title} exited (exit status unknown)")
-    if status == 0:
-        return Failure(name, rank, ExitCode.CRASH, f"{title} exited unexpectedly")
-    return Failure(name, rank, status, f"{title} exited with {status}")
-
-
-def fatal_failure(name: str, rank: int | None) -> Failure:
-    return Failure(name, rank, ExitCode.STARTUP_FAILED,
-                   f"shoal::{name} could not be started (supervisord: FATAL)")
+def fatal_failure(name: str, rank: int | None) -> Termination:
+    return Termination(Reason.STARTUP_FAILED, name, rank, ExitCode.STARTUP_FAILED,
+                       f"shoal::{name} could not be started (supervisord: FATAL)")
 
 
 def exit_status_from_log(log_text: str, name: str) -> int | str | None:
@@ -76,33 +52,6 @@ def exit_status_from_log(log_text: str, name: str) -> int | str | None:
         if match["name"] == name:
             status = int(match["code"]) if match["code"] is not None else match["signal"]
     return status
-
-
-class ExitTracker:
-    """Which program's end ends the server. A rank that exits `peer-lost` is a consequence of
-    another failure that is often seen a moment later, so that one is preferred."""
-
-    def __init__(self) -> None:
-        self.peer_lost: Failure | None = None
-        self.peer_lost_at = 0.0
-
-    def on_failure(self, failure: Failure, now: float) -> Failure | None:
-        if failure.exit_code != ExitCode.PEER_LOST:
-            return failure
-        if self.peer_lost is None:
-            self.peer_lost, self.peer_lost_at = failure, now
-        return self.on_tick(now)
-
-    def on_tick(self, now: float) -> Failure | None:
-        if self.peer_lost is not None and now - self.peer_lost_at >= PEER_LOST_GRACE_S:
-            return self.peer_lost
-        return None
-
-    def seconds_left(self, now: float) -> float | None:
-        """How long to wait for the next event before `on_tick` (None: no deadline)."""
-        if self.peer_lost is None:
-            return None
-        return max(0.0, self.peer_lost_at + PEER_LOST_GRACE_S - now)
 
 
 def parse_tokens(line: str) -> dict[str, str]:
@@ -162,16 +111,16 @@ class ExitListener:
         self.supervisord_log = supervisord_log
         self.grace_s = grace_s
         self.pids: dict[str, int] = {}
-        self.tracker = ExitTracker()
-        self.failure: Failure | None = None
+        self.first = FirstFailure()
+        self.failure: Termination | None = None
 
     def run(self, channel: EventChannel) -> None:
         while True:
             event = channel.next_event(None if self.failure else
-                                       self.tracker.seconds_left(time.monotonic()))
+                                       self.first.seconds_left(time.monotonic()))
             failure = None
             if event is None:
-                failure = self.tracker.on_tick(time.monotonic())
+                failure = self.first.on_tick(time.monotonic())
             else:
                 header, payload = event
                 channel.ok()
@@ -181,7 +130,7 @@ class ExitListener:
                 self.failure = failure
                 self.stop_server(failure)
 
-    def on_event(self, eventname: str, payload: dict[str, str]) -> Failure | None:
+    def on_event(self, eventname: str, payload: dict[str, str]) -> Termination | None:
         name = payload.get("processname", "")
         if name not in self.ranks:
             return None
@@ -189,13 +138,13 @@ class ExitListener:
             self.pids[name] = int(payload["pid"])
             return None
         if eventname == "PROCESS_STATE_FATAL":
-            return self.tracker.on_failure(fatal_failure(name, self.ranks[name]),
-                                           time.monotonic())
+            return self.first.on_end(fatal_failure(name, self.ranks[name]), time.monotonic())
         if eventname == "PROCESS_STATE_EXITED":
             self.pids.pop(name, None)
-            failure = exit_failure(name, self.ranks[name], self._exit_status(name))
+            failure = classify_exit(self._exit_status(name), component=name,
+                                    rank=self.ranks[name])
             logger.error("%s exited: %s", name, failure.detail)
-            return self.tracker.on_failure(failure, time.monotonic())
+            return self.first.on_end(failure, time.monotonic())
         return None
 
     def _exit_status(self, name: str) -> int | str | None:
@@ -214,13 +163,12 @@ class ExitListener:
         except OSError:
             return ""
 
-    def stop_server(self, failure: Failure) -> None:
+    def stop_server(self, failure: Termination) -> None:
         logger.error("%s failed (exit code %d): stopping the server", failure.component,
                      failure.exit_code)
-        write_termination_message(failure.exit_code, failure.component, failure.rank,
-                                  failure.detail)
+        write_termination_message(failure)
         staging = self.record.with_suffix(".tmp")
-        staging.write_text(json.dumps(asdict(failure)) + "\n")
+        staging.write_text(failure.to_json() + "\n")
         staging.rename(self.record)
         os.kill(os.getppid(), signal.SIGTERM)  # supervisord: shut down
         stop_process_groups(list(self.pids.values()), self.grace_s)
@@ -274,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         logger.exception("exit listener failed")
         if listener.failure is None:
-            listener.stop_server(Failure("exit_listener", None, ExitCode.CRASH,
-                                         f"exit listener failed: {type(exc).__name__}: {exc}"))
+            listener.stop_server(Termination(Reason.CRASH, "exit_listener", None, ExitCode.CRASH,
+                                             f"exit listener failed: {type(exc).__name__}: {exc}"))
         return 1
     return 0
 

@@ -173,37 +173,8 @@ def test_the_last_exit_in_the_log_counts() -> None:
     assert exit_listener.exit_status_from_log(log, "scheduler_TP0") == 1
 
 
-@pytest.mark.parametrize("status,code,detail", [
-    ("SIGKILL", 137, "shoal::scheduler_TP1 killed by SIGKILL"),
-    (86, 86, "shoal::scheduler_TP1 exited with 86"),
-    (0, ExitCode.CRASH, "shoal::scheduler_TP1 exited unexpectedly"),
-    (None, ExitCode.CRASH, "shoal::scheduler_TP1 exited (exit status unknown)"),
-])
-def test_exit_failure(status: int | str | None, code: int, detail: str) -> None:
-    failure = exit_listener.exit_failure("scheduler_TP1", 1, status)
-    assert (failure.component, failure.rank, failure.exit_code, failure.detail) == (
-        "scheduler_TP1", 1, code, detail)
-
-
 def test_fatal_is_a_startup_failure() -> None:
     assert exit_listener.fatal_failure("api", None).exit_code == ExitCode.STARTUP_FAILED
-
-
-def test_tracker_prefers_the_failure_that_caused_a_peer_lost() -> None:
-    grace = exit_listener.PEER_LOST_GRACE_S
-    fail = exit_listener.Failure
-    tracker = exit_listener.ExitTracker()
-    assert tracker.on_failure(fail("scheduler_TP0", 0, 75, "peer"), now=100.0) is None
-    assert tracker.seconds_left(now=100.5) == pytest.approx(grace - 0.5)
-    assert tracker.on_tick(now=100.5) is None
-    cause = fail("scheduler_TP1", 1, 86, "watchdog")
-    assert tracker.on_failure(cause, now=101.0) == cause
-
-    tracker = exit_listener.ExitTracker()
-    peer_lost = fail("scheduler_TP0", 0, 75, "peer")
-    assert tracker.on_failure(peer_lost, now=0.0) is None
-    assert tracker.on_tick(now=grace) == peer_lost  # nothing else failed: peer-lost it is
-    assert exit_listener.ExitTracker().seconds_left(now=0.0) is None
 
 
 def test_event_channel_speaks_the_listener_protocol() -> None:
@@ -316,7 +287,7 @@ def test_a_killed_program_stops_everything_and_is_recorded(tmp_path: Path) -> No
     # the rest is supervisord stopping the others in order (5-8 s in all on 2 busy cores)
     assert time.monotonic() - started < 20
     record = json.loads(Path(SupervisordFiles(plan.run_dir).exit_record).read_text())
-    assert record == {"component": "scheduler_TP1", "rank": 1, "exit_code": 137,
+    assert record == {"reason": "crash", "component": "scheduler_TP1", "rank": 1, "exit_code": 137,
                       "detail": "shoal::scheduler_TP1 killed by SIGKILL"}
     message = json.loads(termination_log.read_text())
     assert (message["component"], message["exit_code"], message["reason"]) == (

@@ -13,7 +13,7 @@ import setproctitle
 from shoal import faults
 from shoal.config import ComponentArgs, ConfigError, ServerArgs
 from shoal.launch.plan import METRICS_DIR_ENV, scheduler_name
-from shoal.lifecycle import ExitCode, die_with_parent, exit_process, write_termination_message
+from shoal.lifecycle import ExitCode, die_with_parent, exit_process, fail
 
 logger = logging.getLogger(__name__)
 
@@ -57,20 +57,17 @@ def run_component(role: str, args: ServerArgs, component: ComponentArgs) -> None
             threading.Timer(crash_after, _injected_crash, (name, rank)).start()
         _entry(role)(args, component)
     except (StartupFailed, ConfigError) as exc:
-        write_termination_message(ExitCode.STARTUP_FAILED, name, rank, str(exc))
-        exit_process(ExitCode.STARTUP_FAILED)
+        fail(ExitCode.STARTUP_FAILED, name, rank, str(exc))
     except SystemExit as exc:
         exit_process(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
     except KeyboardInterrupt:
         exit_process(ExitCode.COMPLETED)
     except BaseException as exc:  # noqa: BLE001 - any uncaught error ends the component as a crash
         logger.error("%s crashed:\n%s", name, traceback.format_exc())
-        write_termination_message(ExitCode.CRASH, name, rank, f"{type(exc).__name__}: {exc}")
-        exit_process(ExitCode.CRASH)
+        fail(ExitCode.CRASH, name, rank, f"{type(exc).__name__}: {exc}")
     exit_process(ExitCode.COMPLETED)
 
 
 def _injected_crash(name: str, rank: int | None) -> None:
     logger.error("%s crashed: injected by SHOAL_FAULT", name)
-    write_termination_message(ExitCode.CRASH, name, rank, "RuntimeError: injected by SHOAL_FAULT")
-    exit_process(ExitCode.CRASH)
+    fail(ExitCode.CRASH, name, rank, "RuntimeError: injected by SHOAL_FAULT")

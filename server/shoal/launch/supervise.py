@@ -13,14 +13,14 @@ import subprocess
 import time
 
 from shoal.launch.plan import ComponentSpec, LaunchPlan
-from shoal.lifecycle import ExitCode, reset_termination_log, write_termination_message
+from shoal.lifecycle import (ExitCode, FirstFailure, Termination, classify_exit,
+                             reset_termination_log, write_termination_message)
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
 GRACE_S = 5.0
 DRAIN_TIMEOUT_S = 120.0  # a clean stop lets the api finish in-flight requests this long
-PEER_LOST_GRACE_S = 2.0  # how long a peer-lost exit waits for the failure that caused it
 
 
 class PlanRunner:
@@ -51,35 +51,32 @@ class PlanRunner:
         return all(proc.poll() is None for proc in self.procs.values())
 
     def _wait_for_first_exit(self) -> int:
-        """The exit code of the component that failed first. A rank that exits `peer-lost` is a
-        consequence, so the failure that caused it (often seen a moment later) is preferred."""
-        first_peer_lost_at: float | None = None
+        """The exit code of the component that failed first (`FirstFailure` decides)."""
+        first = FirstFailure()
+        seen: set[str] = set()
         while not self._stop_requested:
-            exited = [(spec, code) for spec in self.plan.components
-                      if (code := self.procs[spec.name].poll()) is not None]
-            primary = [(spec, code) for spec, code in exited if code != ExitCode.PEER_LOST]
-            if primary:
-                return self._on_component_exit(*primary[0])
-            if exited:
-                first_peer_lost_at = first_peer_lost_at or time.monotonic()
-                if time.monotonic() - first_peer_lost_at > PEER_LOST_GRACE_S:
-                    return self._on_component_exit(*exited[0])
+            for spec in self.plan.components:
+                code = self.procs[spec.name].poll()
+                if code is None or spec.name in seen:
+                    continue
+                seen.add(spec.name)
+                failure = first.on_end(classify_exit(code, component=spec.name, rank=spec.rank),
+                                       time.monotonic())
+                if failure is not None:
+                    return self._on_failure(failure)
+            failure = first.on_tick(time.monotonic())
+            if failure is not None:
+                return self._on_failure(failure)
             time.sleep(POLL_S)
         logger.info("stop requested: shutting the server down")
         return ExitCode.COMPLETED
 
-    def _on_component_exit(self, spec: ComponentSpec, code: int) -> int:
-        if code < 0:
-            detail = f"{spec.title} killed by {signal.Signals(-code).name}"
-            code = 128 - code
-        elif code == 0:
-            detail, code = f"{spec.title} exited unexpectedly", ExitCode.CRASH
-        else:
-            detail = f"{spec.title} exited with {code}"
+    @staticmethod
+    def _on_failure(failure: Termination) -> int:
         # a no-op when the component wrote its own message before exiting
-        write_termination_message(code, spec.name, spec.rank, detail)
-        logger.error("%s exited with code %d: stopping the server", spec.title, code)
-        return code
+        write_termination_message(failure)
+        logger.error("%s: stopping the server", failure.detail)
+        return failure.exit_code
 
     def _drain(self) -> int:
         """A clean stop: the api stops accepting and finishes its in-flight requests while the
@@ -93,7 +90,8 @@ class PlanRunner:
             for spec in self.plan.components:
                 code = self.procs[spec.name].poll()
                 if spec.name != "api" and code is not None:
-                    return self._on_component_exit(spec, code)
+                    return self._on_failure(classify_exit(code, component=spec.name,
+                                                          rank=spec.rank))
             time.sleep(POLL_S)
         return ExitCode.COMPLETED
 

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shoal.lifecycle import ExitCode, exit_process, write_termination_message
+from shoal.lifecycle import ExitCode, fail
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,5 @@ class ConsensusChecker:
     def _diverged(self, events: list[str]) -> None:
         logger.critical("rank consensus check failed on rank %d; its last %d events:\n%s",
                         self.rank, len(events), "\n".join(events))
-        write_termination_message(ExitCode.CONSENSUS, self.component, self.rank,
-                                  f"ranks disagreed on {len(events)} scheduling events")
-        exit_process(ExitCode.CONSENSUS)
+        fail(ExitCode.CONSENSUS, self.component, self.rank,
+             f"ranks disagreed on {len(events)} scheduling events")

@@ -18,7 +18,7 @@ from shoal.engine.parallel import ParallelGroup
 from shoal.ipc import sockets
 from shoal.ipc.messages import ComponentReady
 from shoal.launch.component import StartupFailed, component_name
-from shoal.lifecycle import ExitCode, exit_process, write_termination_message
+from shoal.lifecycle import ExitCode, fail
 from shoal.metrics.scheduler_metrics import SchedulerStats
 from shoal.models import ModelConfig
 from shoal.models.linear_kernels import use_threads_for_large_products
@@ -95,9 +95,7 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
         if layout.world_size == 1 or not _is_peer_failure(exc):
             raise
         logger.error("lost a peer rank: %s", exc)
-        write_termination_message(ExitCode.PEER_LOST, name, layout.rank,
-                                  f"a peer rank failed: {exc}")
-        exit_process(ExitCode.PEER_LOST)
+        fail(ExitCode.PEER_LOST, name, layout.rank, f"a peer rank failed: {exc}")
 
 
 def _build_scheduler(args: ServerArgs, ctx: RankContext, device: torch.device,

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from shoal.lifecycle import ExitCode, exit_process, write_termination_message
+from shoal.lifecycle import ExitCode, fail
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +50,7 @@ class Watchdog(threading.Thread):
         logger.error("Scheduler watchdog timeout on rank %d: %s", self.rank, detail)
         logger.error("running batch:\n%s", self.describe())
         logger.error("stacks:\n%s", py_spy_dump(os.getpid()))
-        write_termination_message(ExitCode.WATCHDOG, self.component, self.rank, detail)
-        exit_process(ExitCode.WATCHDOG)
+        fail(ExitCode.WATCHDOG, self.component, self.rank, detail)
 
 
 def py_spy_dump(pid: int) -> str:
