@@ -44,6 +44,7 @@ test: setup kube-tools
 # the real test cluster's binaries: a no-op when cached; a cold build prints its timings
 kube-tools:
 	tools/k8s/build.sh
+	tools/helm/build.sh
 
 # shoal vs transformers serve --continuous-batching vs the bare forward; writes docs/benchmarks.md
 # and docs/benchmarks_throughput.png (25-30 minutes on 2 cores; workload in docs/benchmarks.md)
