@@ -1,0 +1,59 @@
+"""`python -m shoal_operator` / `shoal-operator`: run the operator (kopf, standalone).
+
+Every flag can also come from the environment as SHOAL_OPERATOR_<FLAG> (a flag wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import kopf
+
+from shoal_operator import handlers
+from shoal_operator.config import DEFAULT_IMAGE, OperatorConfig
+from shoal_operator.kube import Kube, load_api_client
+
+ENV_PREFIX = "SHOAL_OPERATOR_"
+
+
+def _env(flag: str, default: str | None = None) -> str | None:
+    return os.environ.get(ENV_PREFIX + flag.upper().replace("-", "_"), default)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="shoal-operator", description=__doc__.splitlines()[0])
+    parser.add_argument("--namespace", action="append", dest="namespaces",
+                        help="watch this namespace (repeatable; default: all namespaces; "
+                             "env: comma-separated)")
+    parser.add_argument("--default-image", default=_env("default-image", DEFAULT_IMAGE),
+                        help="engine image for a ModelDeployment without spec.image")
+    parser.add_argument("--cluster-domain", default=_env("cluster-domain", "cluster.local"))
+    parser.add_argument("--health-host", default=_env("health-host", "0.0.0.0"),
+                        help="address of the liveness endpoint GET /healthz (e.g. the pod IP)")
+    parser.add_argument("--health-port", type=int, default=int(_env("health-port", "8080") or 0),
+                        help="its port; 0 turns it off")
+    parser.add_argument("--log-level", default=_env("log-level", "info"))
+    args = parser.parse_args(argv)
+    if args.namespaces is None:
+        env = _env("namespaces", "") or ""
+        args.namespaces = [ns.strip() for ns in env.split(",") if ns.strip()]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    memo = kopf.Memo(kube=Kube(load_api_client()), wakeups=handlers.Wakeups(),
+                     config=OperatorConfig(default_image=args.default_image,
+                                           cluster_domain=args.cluster_domain))
+    liveness = (f"http://{args.health_host}:{args.health_port}/healthz"
+                if args.health_port else None)
+    kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,
+             liveness_endpoint=liveness, memo=memo)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""What a plan asks the API for. `kube.apply` carries each out; creating what exists and
+deleting what is gone both count as done, so a plan can be applied again after a crash."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReplaceStatus:
+    """The whole new status, written against the resourceVersion the plan was made from."""
+
+    status: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"status: {self.status.get('phase')}"
+
+
+@dataclass(frozen=True)
+class EmitEvent:
+    """A Kubernetes Event on the ModelDeployment; its name is derived from what it reports, so
+    the same occurrence is never reported twice."""
+
+    event: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"event {self.event['reason']}: {self.event['message']}"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    name: str
+    uid: str  # a precondition: a newer pod of the same name is never deleted by mistake
+
+
+@dataclass(frozen=True)
+class DeletePods:
+    group: str
+    pods: tuple[PodRef, ...]
+    grace_seconds: int | None  # None: the pod's own terminationGracePeriodSeconds
+    why: str
+
+    def describe(self) -> str:
+        return f"delete pods {', '.join(p.name for p in self.pods)} ({self.why})"
+
+
+@dataclass(frozen=True)
+class CreateService:
+    service: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"create service {self.service['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class CreatePods:
+    group: str
+    pods: tuple[dict[str, Any], ...]
+
+    def describe(self) -> str:
+        return f"create pods {', '.join(p['metadata']['name'] for p in self.pods)}"
+
+
+Action = ReplaceStatus | EmitEvent | DeletePods | CreateService | CreatePods

@@ -1,0 +1,162 @@
+"""The objects the operator creates: pods of a group, the two Services, Events. Pure.
+
+A group's pods share one template; `template_hash` fingerprints it (everything that defines a
+pod: image, model, engine flags and env, resources, scheduling fields), and a pod whose hash
+differs from the current one is rolled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any
+
+from shoal_operator import names
+from shoal_operator.config import OperatorConfig
+from shoal_operator.spec import ModelDeployment
+from shoal_operator.status import format_time
+
+READINESS_PERIOD_S = 3
+DEFAULT_GRACE_S = 130  # above the engine's 120 s drain (docs/image.md)
+POD_TEMPLATE_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
+                       "securityContext", "terminationGracePeriodSeconds")
+
+
+def owner_reference(md: ModelDeployment) -> dict[str, Any]:
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": md.name,
+            "uid": md.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def _metadata(md: ModelDeployment, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": md.namespace, "labels": labels,
+            "ownerReferences": [owner_reference(md)]}
+
+
+def engine_env(md: ModelDeployment, config: OperatorConfig, replica: int,
+               node_rank: int) -> list[dict[str, Any]]:
+    """The operator's SHOAL_* variables (DESIGN.md 8), then the user's `engine.env`; a user
+    variable of the same name replaces the operator's."""
+    engine = md.spec.engine
+    values = {"SHOAL_PORT": str(names.HTTP_PORT), "SHOAL_TP": str(engine.tp),
+              "SHOAL_PP": str(engine.pp), "SHOAL_NNODES": str(engine.nnodes),
+              "SHOAL_NODE_RANK": str(node_rank), "SHOAL_DISAGGREGATION_MODE": "null",
+              "SHOAL_TERMINATION_LOG": names.TERMINATION_MESSAGE_PATH}
+    if engine.nnodes > 1:  # a one-node group picks its own local rendezvous port
+        leader = names.pod_name(md.name, names.ENGINE_ROLE, replica, 0)
+        host = names.pod_host(md.name, md.namespace, leader, config.cluster_domain)
+        values["SHOAL_DIST_INIT_ADDR"] = f"{host}:{names.DIST_INIT_PORT}"
+    if md.spec.model.path:
+        values["SHOAL_MODEL_PATH"] = md.spec.model.path
+    if md.spec.model.served_name:
+        values["SHOAL_SERVED_MODEL_NAME"] = md.spec.model.served_name
+    env: list[dict[str, Any]] = [
+        {"name": "SHOAL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    env += [{"name": k, "value": v} for k, v in values.items()]
+    user = {e["name"]: e for e in engine.env}
+    merged = [user.pop(e["name"], e) for e in env]
+    return merged + list(user.values())
+
+
+def _volumes(md: ModelDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if md.spec.model.volume:
+        volumes.append({"name": "model", **md.spec.model.volume})
+        mounts.append({"name": "model", "mountPath": names.MODEL_MOUNT_PATH, "readOnly": True})
+    return volumes, mounts
+
+
+def pod_spec(md: ModelDeployment, config: OperatorConfig, replica: int,
+             node_rank: int) -> dict[str, Any]:
+    name = names.pod_name(md.name, names.ENGINE_ROLE, replica, node_rank)
+    ports = [{"name": "http", "containerPort": names.HTTP_PORT}]
+    if md.spec.engine.nnodes > 1:
+        ports.append({"name": "dist", "containerPort": names.DIST_INIT_PORT})
+    volumes, mounts = _volumes(md)
+    container = {
+        "name": names.CONTAINER, "image": md.spec.image, "args": list(md.spec.engine.args),
+        "env": engine_env(md, config, replica, node_rank), "ports": ports,
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                           "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": 2},
+        "resources": md.spec.engine.resources, "volumeMounts": mounts,
+        "terminationMessagePath": names.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "hostname": name,
+        "subdomain": names.headless_service_name(md.name),
+        "automountServiceAccountToken": False, "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": DEFAULT_GRACE_S,
+        "containers": [container], "volumes": volumes,
+    }
+    spec.update({k: md.spec.pod_template[k] for k in POD_TEMPLATE_FIELDS
+                 if md.spec.pod_template.get(k) is not None})
+    return spec
+
+
+def template_hash(md: ModelDeployment, config: OperatorConfig) -> str:
+    """Fingerprint of the pod template (as built for replica 0, node 0; the same for all)."""
+    text = json.dumps(pod_spec(md, config, 0, 0), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def pod_labels(md: ModelDeployment, replica: int, node_rank: int, incarnation: int,
+               hash_: str) -> dict[str, str]:
+    return {**names.common_labels(md.name), names.COMPONENT: names.ENGINE_ROLE,
+            names.GROUP_LABEL: names.group_name(md.name, names.ENGINE_ROLE, replica),
+            names.REPLICA: str(replica), names.NODE_RANK: str(node_rank),
+            names.INCARNATION: str(incarnation), names.TEMPLATE_HASH: hash_}
+
+
+def build_pod(md: ModelDeployment, config: OperatorConfig, replica: int, node_rank: int,
+              incarnation: int, hash_: str) -> dict[str, Any]:
+    name = names.pod_name(md.name, names.ENGINE_ROLE, replica, node_rank)
+    labels = pod_labels(md, replica, node_rank, incarnation, hash_)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(md, name, labels),
+            "spec": pod_spec(md, config, replica, node_rank)}
+
+
+def engine_selector(md_name: str) -> dict[str, str]:
+    return {**names.common_labels(md_name), names.COMPONENT: names.ENGINE_ROLE}
+
+
+def serving_selector(md_name: str) -> dict[str, str]:
+    """Node 0 of every group: the pod that serves the OpenAI API."""
+    return {**engine_selector(md_name), names.NODE_RANK: "0"}
+
+
+def selector_string(selector: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def build_headless_service(md: ModelDeployment) -> dict[str, Any]:
+    """Every engine pod's DNS name, ready or not (ranks find each other before they are)."""
+    ports = [{"name": "http", "port": names.HTTP_PORT, "targetPort": "http"},
+             {"name": "dist", "port": names.DIST_INIT_PORT, "targetPort": names.DIST_INIT_PORT}]
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(md, names.headless_service_name(md.name),
+                                  names.common_labels(md.name)),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": engine_selector(md.name), "ports": ports}}
+
+
+def build_service(md: ModelDeployment) -> dict[str, Any]:
+    """The ClusterIP Service in front of the ready groups' node-0 pods (node 0's /health is 200
+    only once every rank of its group has joined)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(md, names.service_name(md.name), names.common_labels(md.name)),
+            "spec": {"type": "ClusterIP", "selector": serving_selector(md.name),
+                     "ports": [{"name": "http", "port": names.HTTP_PORT, "targetPort": "http"}]}}
+
+
+def build_event(md: ModelDeployment, name: str, reason: str, event_type: str, message: str,
+                now: datetime) -> dict[str, Any]:
+    stamp = format_time(now)
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": md.namespace},
+            "involvedObject": {"apiVersion": names.API_VERSION, "kind": names.KIND,
+                               "name": md.name, "namespace": md.namespace, "uid": md.uid},
+            "reason": reason, "message": message[:1024], "type": event_type,
+            "source": {"component": names.OPERATOR}, "firstTimestamp": stamp,
+            "lastTimestamp": stamp, "count": 1}

@@ -1,0 +1,15 @@
+"""What the operator itself was told (flags of `python -m shoal_operator`) that shapes its plans."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shoal import __version__
+
+DEFAULT_IMAGE = f"shoal:{__version__}"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    default_image: str = DEFAULT_IMAGE  # for a ModelDeployment without spec.image
+    cluster_domain: str = "cluster.local"

@@ -1,0 +1,83 @@
+"""The kopf handlers, kept thin: one daemon per ModelDeployment runs reconcile passes (each reads
+everything back, so a pass is the same whenever and however often it runs); events about its pods
+and about itself only wake the daemon early."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+import urllib3
+from kubernetes.client import ApiException
+
+from shoal_operator import names
+from shoal_operator.reconcile import reconcile
+
+RESYNC_S = 10.0  # a pass at least this often, events or not
+RETRY_S = 2.0  # after the API refused or failed an action
+CONFLICT_RETRY_S = 0.2  # the ModelDeployment changed under the pass: plan again at once
+FINALIZER = "shoal.dev/operator"  # kopf's, so it can stop a daemon before its resource goes
+
+
+class Wakeups:
+    """One asyncio.Event per ModelDeployment: set by events, awaited by its daemon."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+
+    def _event(self, namespace: str, name: str) -> asyncio.Event:
+        return self._events.setdefault((namespace, name), asyncio.Event())
+
+    def poke(self, namespace: str, name: str) -> None:
+        self._event(namespace, name).set()
+
+    async def sleep(self, namespace: str, name: str, seconds: float) -> None:
+        """Until `seconds` pass or something pokes this ModelDeployment."""
+        event = self._event(namespace, name)
+        try:
+            await asyncio.wait_for(event.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+        event.clear()
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._events.pop((namespace, name), None)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.WARNING
+
+
+@kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, cancellation_timeout=10.0,
+             backoff=RETRY_S)
+async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
+                                logger: logging.Logger, **_: Any) -> None:
+    try:
+        while True:
+            try:
+                delay = await asyncio.to_thread(reconcile, memo.kube, namespace, name,
+                                                memo.config)
+            except ApiException as exc:
+                logger.info("pass stopped by the API (%s %s); retrying", exc.status, exc.reason)
+                delay = CONFLICT_RETRY_S if exc.status == 409 else RETRY_S
+            except urllib3.exceptions.HTTPError as exc:
+                logger.warning("API unreachable (%s); retrying", exc)
+                delay = RETRY_S
+            await memo.wakeups.sleep(namespace, name, min(delay or RESYNC_S, RESYNC_S))
+    finally:
+        memo.wakeups.forget(namespace, name)
+
+
+@kopf.on.event("", "v1", "pods", labels={names.MANAGED_BY: names.OPERATOR})
+async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    memo.wakeups.poke(namespace, labels[names.INSTANCE])
+
+
+@kopf.on.event(names.GROUP, names.VERSION, names.PLURAL)
+async def model_deployment_changed(namespace: str, name: str, memo: kopf.Memo,
+                                   **_: Any) -> None:
+    memo.wakeups.poke(namespace, name)

@@ -1,0 +1,92 @@
+"""The only module that talks to the Kubernetes API (the official client): read a
+ModelDeployment and its children back, and carry out a plan's actions."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import kubernetes
+from kubernetes.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
+
+from shoal_operator import names
+from shoal_operator.actions import (Action, CreatePods, CreateService, DeletePods, EmitEvent,
+                                    ReplaceStatus)
+
+logger = logging.getLogger(__name__)
+
+NOT_FOUND, CONFLICT = 404, 409
+
+
+def load_api_client() -> ApiClient:
+    """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config (as kopf does)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return ApiClient()
+
+
+def _json(response: Any) -> Any:
+    return json.loads(response.data)
+
+
+class Kube:
+    def __init__(self, api_client: ApiClient) -> None:
+        self.core = CoreV1Api(api_client)
+        self.custom = CustomObjectsApi(api_client)
+
+    def read_model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.custom.get_namespaced_custom_object(
+                names.GROUP, names.VERSION, namespace, names.PLURAL, name,
+                _preload_content=False))
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return None
+            raise
+
+    def list_children(self, namespace: str,
+                      name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The pods and Services carrying the ModelDeployment's instance label."""
+        selector = f"{names.INSTANCE}={name},{names.MANAGED_BY}={names.OPERATOR}"
+        pods = _json(self.core.list_namespaced_pod(namespace, label_selector=selector,
+                                                   _preload_content=False))
+        services = _json(self.core.list_namespaced_service(namespace, label_selector=selector,
+                                                           _preload_content=False))
+        return pods["items"], services["items"]
+
+    def apply(self, md_body: dict[str, Any], action: Action) -> None:
+        """Carry out one action. Creating what exists and deleting what is gone are no-ops; a
+        status write conflicts (409) when the ModelDeployment changed since it was read."""
+        namespace = md_body["metadata"]["namespace"]
+        if isinstance(action, ReplaceStatus):
+            self.custom.replace_namespaced_custom_object_status(
+                names.GROUP, names.VERSION, namespace, names.PLURAL,
+                md_body["metadata"]["name"], {**md_body, "status": action.status})
+        elif isinstance(action, EmitEvent):
+            _create(lambda: self.core.create_namespaced_event(namespace, action.event))
+        elif isinstance(action, CreateService):
+            _create(lambda: self.core.create_namespaced_service(namespace, action.service))
+        elif isinstance(action, CreatePods):
+            for pod in action.pods:
+                _create(lambda pod=pod: self.core.create_namespaced_pod(namespace, pod))
+        elif isinstance(action, DeletePods):
+            for ref in action.pods:
+                logger.info("deleting pod %s/%s: %s", namespace, ref.name, action.why)
+                try:
+                    self.core.delete_namespaced_pod(
+                        ref.name, namespace, grace_period_seconds=action.grace_seconds,
+                        body={"preconditions": {"uid": ref.uid}})
+                except ApiException as exc:
+                    if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or a newer pod
+                        raise
+
+
+def _create(call: Any) -> None:
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status != CONFLICT:
+            raise

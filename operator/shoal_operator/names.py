@@ -1,0 +1,61 @@
+"""The names the operator hands out and reads back: resource coordinates, labels, object names."""
+
+from __future__ import annotations
+
+GROUP = "shoal.dev"
+VERSION = "v1alpha1"
+PLURAL = "modeldeployments"
+KIND = "ModelDeployment"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+OPERATOR = "shoal-operator"
+CONTAINER = "engine"
+HTTP_PORT = 30000  # the engine's --port: OpenAI API on node 0, the node health endpoint elsewhere
+DIST_INIT_PORT = 29500  # the rendezvous port on node 0 of a multi-node group
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+MODEL_MOUNT_PATH = "/models"
+
+NAME = "app.kubernetes.io/name"
+INSTANCE = "app.kubernetes.io/instance"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+COMPONENT = "app.kubernetes.io/component"
+GROUP_LABEL = "shoal.dev/group"
+REPLICA = "shoal.dev/replica"
+NODE_RANK = "shoal.dev/node-rank"
+TEMPLATE_HASH = "shoal.dev/template-hash"
+INCARNATION = "shoal.dev/incarnation"  # which life of its group a pod belongs to (status.groups)
+
+ENGINE_ROLE = "engine"
+
+
+def common_labels(md_name: str) -> dict[str, str]:
+    return {NAME: "shoal", INSTANCE: md_name, MANAGED_BY: OPERATOR}
+
+
+def group_name(md_name: str, role: str, replica: int) -> str:
+    """`<md>-<replica>` for colocated engine groups (`<md>-<role>-<replica>` for other roles)."""
+    if role == ENGINE_ROLE:
+        return f"{md_name}-{replica}"
+    return f"{md_name}-{role}-{replica}"
+
+
+def pod_name(md_name: str, role: str, replica: int, node_rank: int) -> str:
+    return f"{group_name(md_name, role, replica)}-{node_rank}"
+
+
+def headless_service_name(md_name: str) -> str:
+    """The pods' subdomain: `<pod>.<md>-nodes.<ns>.svc.<domain>` resolves to each pod."""
+    return f"{md_name}-nodes"
+
+
+def service_name(md_name: str) -> str:
+    """The ClusterIP Service in front of node 0 of every group: `status.endpoint`."""
+    return md_name
+
+
+def service_host(md_name: str, namespace: str, cluster_domain: str) -> str:
+    return f"{service_name(md_name)}.{namespace}.svc.{cluster_domain}"
+
+
+def pod_host(md_name: str, namespace: str, pod: str, cluster_domain: str) -> str:
+    return f"{pod}.{headless_service_name(md_name)}.{namespace}.svc.{cluster_domain}"

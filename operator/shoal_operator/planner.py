@@ -1,0 +1,297 @@
+"""The planner: (ModelDeployment, observed pods and Services, now) -> actions. Pure; every
+decision the operator makes is made here.
+
+One pass, reading nothing but its arguments:
+1. the two Services exist;
+2. each desired group (replica 0 .. replicas-1) is judged: pods of an older incarnation are
+   deleted; a group whose pod ended is restarted (after backoff) or marked Failed
+   (failures.py); a group past its backoff gets its missing pods;
+3. during a rollout, surge groups are kept, and outdated groups are replaced within
+   maxUnavailable (rollout.py); groups beyond `replicas` are removed, highest first;
+4. the status is rebuilt from all of that, and written first when it changed, so counts and
+   deadlines are on record before any pod is touched.
+
+A group's restart bumps its `incarnation` in the status in the same write that counts it: from
+then on its old pods are stale (their `shoal.dev/incarnation` label is lower) and only deleted,
+never counted again, whether the operator restarts in between or not.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from shoal_operator import builders, names
+from shoal_operator.actions import (Action, CreatePods, CreateService, DeletePods, EmitEvent,
+                                    PodRef, ReplaceStatus)
+from shoal_operator.conditions import Summary, conditions, phase
+from shoal_operator.config import OperatorConfig
+from shoal_operator.failures import Fail, Restart, Wait, judge
+from shoal_operator.observed import Observed, PodState
+from shoal_operator.rollout import GroupHealth, groups_to_replace, surge_replicas
+from shoal_operator.spec import ModelDeployment
+from shoal_operator.status import (GroupRecord, format_deadline, format_time, parse_time,
+                                   seconds_between)
+
+FAILED_GROUP_GRACE_S = 5  # a failed group's pods go quickly: nothing there is worth a drain
+UNSUPPORTED_DISAGGREGATION = ("spec.disaggregation is not deployed by this operator version; "
+                              "only colocated groups (spec.replicas) run")
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    requeue_after: float | None  # seconds until time alone can change the plan
+
+
+@dataclass(frozen=True)
+class GroupView:
+    record: GroupRecord
+    live: tuple[PodState, ...]  # current pods that run or start
+    ready: bool
+    outdated: bool
+    updated: bool  # complete and on the current template
+
+
+def plan(md: ModelDeployment, observed: Observed, now: datetime,
+         config: OperatorConfig) -> Plan:
+    if md.deleting:  # the garbage collector removes the children
+        return Plan((), None)
+    return _Pass(md, observed, now, config).run()
+
+
+class _Pass:
+    def __init__(self, md: ModelDeployment, observed: Observed, now: datetime,
+                 config: OperatorConfig) -> None:
+        self.md, self.now, self.config = md, now, config
+        self.target_hash = builders.template_hash(md, config)
+        self.services = observed.services
+        self.pods: dict[str, list[PodState]] = {}
+        self.taken = {p.name for p in observed.pods}  # stable names: wait until one is gone
+        for pod in observed.pods:
+            if pod.owner_uid == md.uid and pod.role == names.ENGINE_ROLE:
+                self.pods.setdefault(pod.group, []).append(pod)
+        self.restarts_by_reason = Counter(md.status.restarts_by_reason)
+        self.events: list[EmitEvent] = []
+        self.deletes: list[DeletePods] = []
+        self.creates: list[Action] = []
+        self.waits: list[float] = []
+
+    def run(self) -> Plan:
+        spec = self.md.spec
+        self._ensure_services()
+        desired = [self._group(r) for r in range(spec.replicas)]
+        surge_exists = any(self._replica_of(g) >= spec.replicas for g in self._known_groups())
+        surge = surge_replicas([self._health(v) for v in desired], surge_exists, spec.replicas,
+                               spec.rollout)
+        kept = desired + [self._group(r) for r in surge]
+        kept = self._roll(kept)
+        retiring = self._retire({v.record.replica for v in kept})
+        status = self._status(kept, retiring)
+        actions: list[Action] = []
+        if status != self.md.status.raw:
+            actions.append(ReplaceStatus(status))
+        actions += [*self.events, *self.deletes, *self.creates]
+        return Plan(tuple(actions), min(self.waits, default=None))
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def _group(self, replica: int) -> GroupView:
+        name = names.group_name(self.md.name, names.ENGINE_ROLE, replica)
+        pods = self.pods.get(name, [])
+        record = self._record(name, replica, pods)
+        stale = [p for p in pods if p.incarnation < record.incarnation]
+        current = [p for p in pods if p.incarnation >= record.incarnation]
+        self._delete(name, stale, FAILED_GROUP_GRACE_S, "left from an earlier incarnation")
+        if record.failed:
+            return self._failed(record, current)
+        verdict = judge([p for p in current if not p.terminating], record,
+                        self.md.spec.restart_policy, self.now)
+        if isinstance(verdict, Restart):
+            return self._restart(record, current, verdict)
+        if isinstance(verdict, Fail):
+            return self._fail(record, current, verdict)
+        if isinstance(verdict, Wait):
+            self.waits.append(verdict.seconds)
+            return self._view(record, current)
+        deadline = parse_time(record.recreate_after)
+        if deadline is not None and self.now < deadline:
+            self.waits.append(seconds_between(self.now, deadline))
+            return self._view(record.with_phase("Restarting"), current)
+        if stale:
+            return self._view(record.with_phase("Restarting"), current)
+        view = self._view(replace(record, recreate_after=None), current)
+        if not view.outdated:
+            self._create_missing(view.record, current)
+        return view
+
+    def _record(self, name: str, replica: int, pods: list[PodState]) -> GroupRecord:
+        """The group's record, reconciled with what its pods and the generation say."""
+        record = self.md.status.group(name) or GroupRecord(
+            name=name, role=names.ENGINE_ROLE, replica=replica, generation=self.md.generation)
+        newest = max((p.incarnation for p in pods), default=0)
+        if newest > record.incarnation:  # the status was lost or is behind its pods
+            record = replace(record, incarnation=newest)
+        if record.generation != self.md.generation:  # the restart budget is per spec
+            record = replace(record, generation=self.md.generation, generation_restarts=0)
+        if record.failed and record.failed_generation != self.md.generation:
+            record = replace(record, failed_generation=None, failed_reason=None,
+                             recreate_after=None, incarnation=record.incarnation + 1,
+                             phase="Pending")  # the spec changed: try again
+        return record
+
+    def _view(self, record: GroupRecord, current: list[PodState]) -> GroupView:
+        live = tuple(p for p in current if p.live)
+        complete = len(live) == self.md.spec.engine.nnodes
+        ready = complete and all(p.ready for p in live)
+        outdated = any(p.template_hash != self.target_hash for p in live)
+        if record.phase not in ("Restarting", "Failed"):
+            record = record.with_phase("Ready" if ready else "Pending")
+        return GroupView(record, live, ready, outdated, complete and not outdated)
+
+    def _restart(self, record: GroupRecord, current: list[PodState],
+                 verdict: Restart) -> GroupView:
+        ending = verdict.ending
+        record = replace(
+            record, phase="Restarting", restarts=record.restarts + 1,
+            generation_restarts=record.generation_restarts + 1,
+            incarnation=record.incarnation + 1, last_restart_reason=ending.reason,
+            last_restart_time=format_time(self.now), last_termination=ending,
+            recreate_after=format_deadline(self.now + timedelta(seconds=verdict.delay_s)))
+        self.restarts_by_reason[ending.reason] += 1
+        budget = self.md.spec.restart_policy.max_group_restarts
+        self._event(f"{record.name}.{self.md.uid[:8]}.restart-{record.incarnation}",
+                    "GroupRestart",
+                    f"group {record.name} is recreated in {verdict.delay_s}s (restart "
+                    f"{record.generation_restarts} of {budget} allowed): {ending.describe()}")
+        self._delete(record.name, [p for p in current if not p.terminating],
+                     FAILED_GROUP_GRACE_S, f"group restart: {ending.reason}")
+        self.waits.append(float(verdict.delay_s))
+        return GroupView(record, (), False, False, False)
+
+    def _fail(self, record: GroupRecord, current: list[PodState], verdict: Fail) -> GroupView:
+        record = replace(record, phase="Failed", failed_generation=self.md.generation,
+                         failed_reason=verdict.cause, last_termination=verdict.ending,
+                         recreate_after=None)
+        self._event(f"{record.name}.{self.md.uid[:8]}.failed-{record.incarnation}",
+                    "GroupFailed",
+                    f"group {record.name} failed ({verdict.cause}) and stays down until the "
+                    f"spec changes: {verdict.ending.describe()}")
+        return self._failed(record, current)
+
+    def _failed(self, record: GroupRecord, current: list[PodState]) -> GroupView:
+        """A Failed group keeps its ended pods (their logs), and stops the others."""
+        self._delete(record.name, [p for p in current if p.live], FAILED_GROUP_GRACE_S,
+                     f"group failed: {record.failed_reason}")
+        return GroupView(record.with_phase("Failed"), (), False, False, False)
+
+    def _create_missing(self, record: GroupRecord, current: list[PodState]) -> None:
+        present = {p.node_rank for p in current}
+        pods = tuple(
+            builders.build_pod(self.md, self.config, record.replica, rank, record.incarnation,
+                               self.target_hash)
+            for rank in range(self.md.spec.engine.nnodes)
+            if rank not in present and names.pod_name(self.md.name, names.ENGINE_ROLE,
+                                                      record.replica, rank) not in self.taken)
+        if pods:
+            self.creates.append(CreatePods(record.name, pods))
+
+    # -- rollout and scale -------------------------------------------------------------------
+
+    def _health(self, view: GroupView) -> GroupHealth:
+        settled = view.record.failed or (view.ready and view.updated)
+        return GroupHealth(view.record.replica, view.ready, view.outdated, settled)
+
+    def _roll(self, kept: list[GroupView]) -> list[GroupView]:
+        chosen = set(groups_to_replace([self._health(v) for v in kept], self.md.spec.replicas,
+                                       self.md.spec.rollout))
+        out = []
+        for view in kept:
+            if view.record.replica in chosen:
+                self._delete(view.record.name, list(view.live), None, "rolling to a new template")
+                view = GroupView(view.record.with_phase("Pending"), (), False, False, False)
+            out.append(view)
+        return out
+
+    def _known_groups(self) -> set[str]:
+        return set(self.pods) | {g.name for g in self.md.status.groups}
+
+    def _replica_of(self, group: str) -> int:
+        record = self.md.status.group(group)
+        if record is not None:
+            return record.replica
+        return self.pods[group][0].replica
+
+    def _retire(self, kept: set[int]) -> list[GroupRecord]:
+        """Groups beyond what is wanted go, highest replica first; each stays in the status as
+        Terminating until its last pod is gone."""
+        retiring = []
+        for name in sorted(self._known_groups(), key=self._replica_of, reverse=True):
+            replica = self._replica_of(name)
+            if replica in kept:
+                continue
+            pods = self.pods.get(name, [])
+            self._delete(name, pods, None, "scaled down")
+            if pods:
+                record = self.md.status.group(name) or GroupRecord(
+                    name=name, role=names.ENGINE_ROLE, replica=replica)
+                retiring.append(record.with_phase("Terminating"))
+        return retiring
+
+    # -- status ------------------------------------------------------------------------------
+
+    def _status(self, kept: list[GroupView], retiring: list[GroupRecord]) -> dict[str, Any]:
+        spec, md = self.md.spec, self.md
+        desired = [v for v in kept if v.record.replica < spec.replicas]
+        failed = tuple(v.record for v in desired if v.record.failed)
+        settled = (all(self._health(v).settled for v in desired) and len(kept) == len(desired)
+                   and not retiring)
+        summary = Summary(
+            replicas=spec.replicas, ready=sum(v.ready for v in kept),
+            max_unavailable=spec.rollout.max_unavailable, failed=failed, settled=settled,
+            progress=_progress(kept, desired, retiring),
+            unsupported=UNSUPPORTED_DISAGGREGATION if spec.disaggregation else None)
+        return {
+            "observedGeneration": md.generation,
+            "phase": phase(summary),
+            "replicas": sum(bool(v.live) for v in kept),
+            "readyReplicas": summary.ready,
+            "updatedReplicas": sum(v.updated for v in kept),
+            "restarts": sum(self.restarts_by_reason.values()),
+            "restartsByReason": dict(sorted(self.restarts_by_reason.items())),
+            "selector": builders.selector_string(builders.serving_selector(md.name)),
+            "endpoint": f"{names.service_host(md.name, md.namespace, self.config.cluster_domain)}"
+                        f":{names.HTTP_PORT}",
+            "groups": [v.record.to_dict() for v in kept] + [r.to_dict() for r in retiring],
+            "conditions": conditions(summary, md.status, md.generation, self.now),
+        }
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def _ensure_services(self) -> None:
+        for service in (builders.build_headless_service(self.md),
+                        builders.build_service(self.md)):
+            if service["metadata"]["name"] not in self.services:
+                self.creates.append(CreateService(service))
+
+    def _delete(self, group: str, pods: list[PodState], grace: int | None, why: str) -> None:
+        gone = tuple(PodRef(p.name, p.uid) for p in pods if not p.terminating)
+        if gone:
+            self.deletes.append(DeletePods(group, gone, grace, why))
+
+    def _event(self, name: str, reason: str, message: str) -> None:
+        self.events.append(EmitEvent(builders.build_event(self.md, name, reason, "Warning",
+                                                          message, self.now)))
+
+
+def _progress(kept: list[GroupView], desired: list[GroupView], retiring: list[GroupRecord]) -> str:
+    """Why the resource is not settled, for the Progressing condition."""
+    if any(v.record.phase == "Restarting" for v in desired):
+        return "GroupRestarting"
+    if any(v.outdated for v in desired) or len(kept) > len(desired):
+        return "RollingUpdate"
+    if retiring:
+        return "ScalingDown"
+    return "GroupsStarting"

@@ -1,0 +1,29 @@
+"""One pass for one ModelDeployment: read it and its children back, plan, apply in order."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from shoal_operator.config import OperatorConfig
+from shoal_operator.kube import Kube
+from shoal_operator.observed import Observed
+from shoal_operator.planner import plan
+from shoal_operator.spec import ModelDeployment
+
+logger = logging.getLogger(__name__)
+
+
+def reconcile(kube: Kube, namespace: str, name: str, config: OperatorConfig) -> float | None:
+    """Returns the seconds after which time alone changes the plan (None: only a change does).
+    Stops at the first failing action; the next pass reads everything back again."""
+    body = kube.read_model_deployment(namespace, name)
+    if body is None:
+        return None
+    md = ModelDeployment.from_body(body, config.default_image)
+    observed = Observed.from_objects(*kube.list_children(namespace, name))
+    result = plan(md, observed, datetime.now(UTC), config)
+    for action in result.actions:
+        logger.info("%s/%s: %s", namespace, name, action.describe())
+        kube.apply(body, action)
+    return result.requeue_after

@@ -1,0 +1,121 @@
+"""A ModelDeployment as the operator reads it: the spec with every default applied. Pure.
+
+The CRD (helm/shoal/crds/) applies the same defaults in the apiserver; applying them here too
+keeps the planner independent of how the object was stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.lifecycle import Reason
+
+from shoal_operator.status import RecordedStatus
+
+RECREATABLE = (Reason.WATCHDOG, Reason.CONSENSUS, Reason.PEER_LOST, Reason.CRASH, Reason.OOM)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial_s: int = 10
+    max_s: int = 300
+
+    def delay_s(self, restart: int) -> int:
+        """Seconds before the `restart`-th recreation (1-based): initial, doubling, capped."""
+        return min(self.max_s, self.initial_s * 2 ** max(0, restart - 1))
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    recreate_on: frozenset[Reason] = frozenset(RECREATABLE)
+    max_group_restarts: int = 10
+    backoff: Backoff = Backoff()
+
+
+@dataclass(frozen=True)
+class Rollout:
+    max_unavailable: int = 1
+    max_surge: int = 0
+
+
+@dataclass(frozen=True)
+class Engine:
+    tp: int = 1
+    pp: int = 1
+    nnodes: int = 1
+    args: tuple[str, ...] = ()
+    env: tuple[dict[str, Any], ...] = ()  # Kubernetes EnvVar objects, as given
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Model:
+    path: str | None = None
+    served_name: str | None = None
+    volume: dict[str, Any] | None = None  # {persistentVolumeClaim: ...} or {hostPath: ...}
+
+
+@dataclass(frozen=True)
+class Spec:
+    image: str
+    model: Model = Model()
+    engine: Engine = Engine()
+    replicas: int = 1
+    restart_policy: RestartPolicy = RestartPolicy()
+    rollout: Rollout = Rollout()
+    pod_template: dict[str, Any] = field(default_factory=dict)
+    disaggregation: dict[str, Any] | None = None  # accepted by the schema; not deployed yet
+    router: dict[str, Any] | None = None  # accepted by the schema; not deployed yet
+
+
+@dataclass(frozen=True)
+class ModelDeployment:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    resource_version: str
+    deleting: bool
+    spec: Spec
+    status: RecordedStatus
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any], default_image: str) -> ModelDeployment:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"],
+                   generation=int(meta.get("generation", 1)),
+                   resource_version=meta.get("resourceVersion", ""),
+                   deleting=bool(meta.get("deletionTimestamp")),
+                   spec=parse_spec(body.get("spec") or {}, default_image),
+                   status=RecordedStatus.from_dict(body.get("status") or {}))
+
+
+def parse_spec(raw: dict[str, Any], default_image: str) -> Spec:
+    model = raw.get("model") or {}
+    engine = raw.get("engine") or {}
+    policy = raw.get("restartPolicy") or {}
+    backoff = policy.get("backoff") or {}
+    rollout = raw.get("rollout") or {}
+    defaults = RestartPolicy()
+    return Spec(
+        image=raw.get("image") or default_image,
+        model=Model(path=model.get("path"), served_name=model.get("servedName"),
+                    volume=model.get("volume")),
+        engine=Engine(tp=int(engine.get("tp", 1)), pp=int(engine.get("pp", 1)),
+                      nnodes=int(engine.get("nnodes", 1)),
+                      args=tuple(str(a) for a in engine.get("args") or ()),
+                      env=tuple(engine.get("env") or ()),
+                      resources=dict(engine.get("resources") or {})),
+        replicas=int(raw.get("replicas", 1)),
+        restart_policy=RestartPolicy(
+            recreate_on=frozenset(Reason(r) for r in policy.get("recreateGroupOn", RECREATABLE)),
+            max_group_restarts=int(policy.get("maxGroupRestarts", defaults.max_group_restarts)),
+            backoff=Backoff(initial_s=int(backoff.get("initialSeconds", Backoff.initial_s)),
+                            max_s=int(backoff.get("maxSeconds", Backoff.max_s)))),
+        rollout=Rollout(max_unavailable=int(rollout.get("maxUnavailable", 1)),
+                        max_surge=int(rollout.get("maxSurge", 0))),
+        pod_template=dict(raw.get("podTemplate") or {}),
+        disaggregation=raw.get("disaggregation"),
+        router=raw.get("router"),
+    )
