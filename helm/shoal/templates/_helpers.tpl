@@ -1,0 +1,85 @@
+{{/*
+Names and labels shared by every template.
+*/}}
+
+{{/* The chart's name, or nameOverride. */}}
+{{- define "shoal.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every object's name: fullnameOverride, else the release name when it already holds
+the chart's name, else "<release>-<chart>". Cut to 63 characters (the DNS label limit).
+*/}}
+{{- define "shoal.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "shoal.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's Deployment, pods, RBAC objects and Service: "<fullname>-operator". */}}
+{{- define "shoal.operatorName" -}}
+{{- printf "%s-operator" (include "shoal.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "shoal.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* What selects the operator's pods; never changes across upgrades. */}}
+{{- define "shoal.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "shoal.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The standard labels of every object the chart creates. */}}
+{{- define "shoal.labels" -}}
+helm.sh/chart: {{ include "shoal.chart" . }}
+{{ include "shoal.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: shoal
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "shoal.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "shoal.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's image: repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{- define "shoal.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+What the operator may do, the same rules for its ClusterRole or for each watched namespace's Role:
+exactly the calls it makes (its Kubernetes API module and kopf's bookkeeping), nothing else.
+*/}}
+{{- define "shoal.operatorRules" -}}
+- apiGroups: [shoal.dev]
+  resources: [modeldeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [shoal.dev]
+  resources: [modeldeployments/status]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}

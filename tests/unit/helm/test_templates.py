@@ -1,0 +1,188 @@
+"""What the chart renders: standard labels, RBAC rules exactly as the operator needs them,
+a non-root read-only operator with probes on its health endpoint, and the values wired through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shoal
+from tests.unit.helm.chart import (CHART, CI_VALUES, NAMESPACE, OPERATOR_PERMISSIONS, RELEASE,
+                                   find, only, render, rule_permissions, run_helm)
+
+STANDARD_LABELS = {
+    "app.kubernetes.io/name": "shoal",
+    "app.kubernetes.io/instance": RELEASE,
+    "app.kubernetes.io/component": "operator",
+    "app.kubernetes.io/version": shoal.__version__,
+    "app.kubernetes.io/part-of": "shoal",
+    "app.kubernetes.io/managed-by": "Helm",
+    "helm.sh/chart": f"shoal-{shoal.__version__}",
+}
+
+
+def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("values", [[], *([path] for path in CI_VALUES)],
+                         ids=["default", *(path.stem for path in CI_VALUES)])
+def test_every_object_has_the_standard_labels(values: list[Path]) -> None:
+    objects = render(*values)
+    deployment = only(objects, "Deployment")
+    for obj in [*objects, deployment["spec"]["template"]]:
+        labels = obj["metadata"]["labels"]
+        assert {k: labels.get(k) for k in STANDARD_LABELS} == STANDARD_LABELS, obj["metadata"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector == {k: STANDARD_LABELS[k] for k in (
+        "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")}
+
+
+def test_default_install_is_one_cluster_role_bound_to_the_service_account() -> None:
+    objects = render()
+    assert sorted(o["kind"] for o in objects) == [
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    role, binding = only(objects, "ClusterRole"), only(objects, "ClusterRoleBinding")
+    account = only(objects, "ServiceAccount")
+    assert rule_permissions(role["rules"]) == OPERATOR_PERMISSIONS
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"] == "shoal-operator"
+    assert pod["automountServiceAccountToken"] is True
+
+
+@pytest.mark.parametrize("values", [[], *([path] for path in CI_VALUES)],
+                         ids=["default", *(path.stem for path in CI_VALUES)])
+def test_rbac_never_grants_secrets_or_wildcards(values: list[Path]) -> None:
+    for role in find(render(*values), "ClusterRole") + find(render(*values), "Role"):
+        for group, resource, verb in rule_permissions(role["rules"]):
+            assert "*" not in (group, resource, verb)
+            assert resource not in ("secrets", "configmaps")
+        assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
+
+
+def test_watch_namespaces_gives_a_role_in_each_and_no_cluster_role() -> None:
+    objects = render(set_values=["watchNamespaces={team-a,team-b}"])
+    assert find(objects, "ClusterRole") == find(objects, "ClusterRoleBinding") == []
+    roles, bindings = find(objects, "Role"), find(objects, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for role in roles:
+        assert rule_permissions(role["rules"]) == OPERATOR_PERMISSIONS
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "shoal-operator",
+                                        "namespace": NAMESPACE}]
+    args = _container(objects)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+
+
+def test_rbac_and_service_account_can_be_left_to_the_user() -> None:
+    objects = render(set_values=["rbac.create=false", "serviceAccount.create=false",
+                                 "serviceAccount.name=platform-operator"])
+    assert [o["kind"] for o in objects] == ["Deployment"]
+    assert only(objects, "Deployment")["spec"]["template"]["spec"][
+        "serviceAccountName"] == "platform-operator"
+    refused = run_helm("template", RELEASE, CHART, "--set", "serviceAccount.create=false",
+                       check=False)
+    assert refused.returncode != 0
+    assert "serviceAccount.name is required" in refused.stderr
+
+
+def test_operator_runs_non_root_read_only_with_probes_on_its_health_endpoint() -> None:
+    objects = render()
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    container = _container(objects)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["command"] == ["python", "-m", "shoal_operator"]
+    assert "--health-port=8080" in container["args"]
+    assert "--health-host=$(POD_IP)" in container["args"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in \
+        container["env"]
+
+
+def test_one_operator_at_a_time() -> None:
+    spec = only(render(), "Deployment")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_image_defaults_to_the_app_version_and_engine_pods_use_it() -> None:
+    container = _container(render())
+    assert container["image"] == f"ghcr.io/shoal-dev/shoal:{shoal.__version__}"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert f"--default-image=ghcr.io/shoal-dev/shoal:{shoal.__version__}" in container["args"]
+    container = _container(render(set_values=["image.tag=0.2.0"]))
+    assert container["image"] == "ghcr.io/shoal-dev/shoal:0.2.0"
+    assert "--default-image=ghcr.io/shoal-dev/shoal:0.2.0" in container["args"]
+
+
+def test_custom_image_values() -> None:
+    objects = render(CHART / "ci" / "custom-image-values.yaml")
+    container = _container(objects)
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert container["image"] == "registry.example.com/ml/shoal:0.1.0-cuda12.8"
+    assert container["imagePullPolicy"] == "Always"
+    assert "--default-image=registry.example.com/ml/shoal:0.1.0-cuda12.8-h100" in container["args"]
+    assert "--log-level=debug" in container["args"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["serviceAccountName"] == "shoal-controller"
+    account = only(objects, "ServiceAccount")
+    assert account["metadata"]["name"] == "shoal-controller"
+    assert account["metadata"]["annotations"] == {"iam.example.com/role": "shoal-operator"}
+
+
+def test_scheduling_resources_and_extras_are_passed_through() -> None:
+    objects = render(set_values=[
+        "nodeSelector.pool=system", "tolerations[0].key=dedicated",
+        "tolerations[0].operator=Exists", "priorityClassName=system-cluster-critical",
+        ("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+         ".nodeSelectorTerms[0].matchExpressions[0].key=arch"),
+        "resources.limits.cpu=2", "podAnnotations.team=ml", "podLabels.tier=control",
+        "operator.extraArgs={--verbose}", "operator.extraEnv[0].name=TZ",
+        "operator.extraEnv[0].value=UTC"])
+    pod_template = only(objects, "Deployment")["spec"]["template"]
+    pod, container = pod_template["spec"], _container(objects)
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["affinity"]["nodeAffinity"]
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                      "limits": {"cpu": 2, "memory": "512Mi"}}
+    assert pod_template["metadata"]["annotations"] == {"team": "ml"}
+    assert pod_template["metadata"]["labels"]["tier"] == "control"
+    assert container["args"][-1] == "--verbose"
+    assert {"name": "TZ", "value": "UTC"} in container["env"]
+
+
+def test_metrics_service_is_optional() -> None:
+    assert find(render(), "Service") == []
+    service = only(render(set_values=["metrics.enabled=true", "metrics.service.port=9090"]),
+                   "Service")
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "shoal",
+                                           "app.kubernetes.io/instance": RELEASE,
+                                           "app.kubernetes.io/component": "operator"}
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090,
+                                         "targetPort": "health", "protocol": "TCP"}]
+
+
+def test_names_follow_release_and_overrides() -> None:
+    out = run_helm("template", "prod", CHART).stdout
+    assert "name: prod-shoal-operator" in out
+    out = run_helm("template", "prod", CHART, "--set", "fullnameOverride=llm").stdout
+    assert "name: llm-operator" in out and "prod-shoal" not in out
+
