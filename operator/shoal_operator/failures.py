@@ -57,8 +57,11 @@ def pod_termination(pod: PodState) -> Termination:
 
 
 def ending_of(pod: PodState) -> Ending:
+    """The pod's end as recorded: the container's own exit code when it has one."""
+    assert pod.end is not None
     end = pod_termination(pod)
-    return Ending(pod=pod.name, node_rank=pod.node_rank, exit_code=end.exit_code,
+    exit_code = end.exit_code if pod.end.exit_code is None else pod.end.exit_code
+    return Ending(pod=pod.name, node_rank=pod.node_rank, exit_code=exit_code,
                   reason=str(end.reason), component=end.component, detail=end.detail)
 
 

@@ -8,8 +8,10 @@ One pass, reading nothing but its arguments:
    (failures.py); a group past its backoff gets its missing pods;
 3. during a rollout, surge groups are kept, and outdated groups are replaced within
    maxUnavailable (rollout.py); groups beyond `replicas` are removed, highest first;
-4. the status is rebuilt from all of that, and written first when it changed, so counts and
-   deadlines are on record before any pod is touched.
+4. the status is rebuilt from all of that, and written (after the Events, before any pod is
+   touched) when it changed, so counts and deadlines are on record before pods go. An Event's
+   name is derived from what it reports: one repeated by a pass after a crash is not created
+   twice.
 
 A group's restart bumps its `incarnation` in the status in the same write that counts it: from
 then on its old pods are stale (their `shoal.dev/incarnation` label is lower) and only deleted,
@@ -90,10 +92,10 @@ class _Pass:
         kept = self._roll(kept)
         retiring = self._retire({v.record.replica for v in kept})
         status = self._status(kept, retiring)
-        actions: list[Action] = []
+        actions: list[Action] = [*self.events]
         if status != self.md.status.raw:
             actions.append(ReplaceStatus(status))
-        actions += [*self.events, *self.deletes, *self.creates]
+        actions += [*self.deletes, *self.creates]
         return Plan(tuple(actions), min(self.waits, default=None))
 
     # -- groups ------------------------------------------------------------------------------
@@ -119,9 +121,9 @@ class _Pass:
         deadline = parse_time(record.recreate_after)
         if deadline is not None and self.now < deadline:
             self.waits.append(seconds_between(self.now, deadline))
-            return self._view(record.with_phase("Restarting"), current)
+            return self._view(record, current, "Restarting")
         if stale:
-            return self._view(record.with_phase("Restarting"), current)
+            return self._view(record, current, "Restarting")
         view = self._view(replace(record, recreate_after=None), current)
         if not view.outdated:
             self._create_missing(view.record, current)
@@ -142,13 +144,14 @@ class _Pass:
                              phase="Pending")  # the spec changed: try again
         return record
 
-    def _view(self, record: GroupRecord, current: list[PodState]) -> GroupView:
+    def _view(self, record: GroupRecord, current: list[PodState],
+              phase: str | None = None) -> GroupView:
+        """The group as its current pods show it; Ready or Pending unless `phase` says."""
         live = tuple(p for p in current if p.live)
         complete = len(live) == self.md.spec.engine.nnodes
         ready = complete and all(p.ready for p in live)
         outdated = any(p.template_hash != self.target_hash for p in live)
-        if record.phase not in ("Restarting", "Failed"):
-            record = record.with_phase("Ready" if ready else "Pending")
+        record = record.with_phase(phase or ("Ready" if ready else "Pending"))
         return GroupView(record, live, ready, outdated, complete and not outdated)
 
     def _restart(self, record: GroupRecord, current: list[PodState],
@@ -205,15 +208,15 @@ class _Pass:
         return GroupHealth(view.record.replica, view.ready, view.outdated, settled)
 
     def _roll(self, kept: list[GroupView]) -> list[GroupView]:
-        chosen = set(groups_to_replace([self._health(v) for v in kept], self.md.spec.replicas,
-                                       self.md.spec.rollout))
-        out = []
-        for view in kept:
-            if view.record.replica in chosen:
-                self._delete(view.record.name, list(view.live), None, "rolling to a new template")
-                view = GroupView(view.record.with_phase("Pending"), (), False, False, False)
-            out.append(view)
-        return out
+        """Delete the outdated groups the rollout allows now, in its order."""
+        chosen = groups_to_replace([self._health(v) for v in kept], self.md.spec.replicas,
+                                   self.md.spec.rollout)
+        views = {v.record.replica: v for v in kept}
+        for replica in chosen:
+            view = views[replica]
+            self._delete(view.record.name, list(view.live), None, "rolling to a new template")
+            views[replica] = GroupView(view.record.with_phase("Pending"), (), False, False, False)
+        return [views[v.record.replica] for v in kept]
 
     def _known_groups(self) -> set[str]:
         return set(self.pods) | {g.name for g in self.md.status.groups}

@@ -1,0 +1,68 @@
+"""The operator package: it never imports torch or the engine, its command line, the daemon's
+wake-ups, and the status records it reads back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shoal_operator.__main__ import parse_args
+from shoal_operator.config import DEFAULT_IMAGE
+from shoal_operator.handlers import Wakeups
+from shoal_operator.status import Ending, GroupRecord
+
+
+def test_the_operator_never_imports_torch_or_the_engine() -> None:
+    code = ("import json, sys\n"
+            "import shoal_operator.__main__, shoal_operator.handlers, shoal_operator.planner\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True,
+                                       capture_output=True, text=True).stdout)
+    assert "kopf" in loaded and "shoal_operator.planner" in loaded
+    heavy = [m for m in loaded if m.split(".")[0] in ("torch", "transformers", "numpy", "zmq")]
+    assert heavy == []
+    assert {m for m in loaded if m.startswith("shoal.")} == {"shoal.lifecycle"}
+
+
+def test_flags_and_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = parse_args([])
+    assert args.namespaces == [] and args.default_image == DEFAULT_IMAGE
+    assert (args.health_host, args.health_port) == ("0.0.0.0", 8080)
+    monkeypatch.setenv("SHOAL_OPERATOR_NAMESPACES", "a, b")
+    monkeypatch.setenv("SHOAL_OPERATOR_HEALTH_HOST", "127.0.0.9")
+    monkeypatch.setenv("SHOAL_OPERATOR_DEFAULT_IMAGE", "registry/shoal:1")
+    args = parse_args(["--health-port", "0"])
+    assert args.namespaces == ["a", "b"] and args.health_host == "127.0.0.9"
+    assert args.default_image == "registry/shoal:1" and args.health_port == 0
+    assert parse_args(["--namespace", "c"]).namespaces == ["c"]  # a flag wins
+
+
+def test_a_poke_wakes_the_daemon_early() -> None:
+    async def scenario() -> tuple[float, float]:
+        wakeups = Wakeups()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        loop.call_later(0.05, wakeups.poke, "ns", "llm")
+        await wakeups.sleep("ns", "llm", 5.0)
+        poked = loop.time() - start
+        start = loop.time()
+        await wakeups.sleep("ns", "llm", 0.05)  # the poke was consumed: a full sleep now
+        return poked, loop.time() - start
+
+    poked, slept = asyncio.run(scenario())
+    assert poked < 1.0 and slept >= 0.05
+
+
+def test_a_group_record_reads_back_what_it_wrote() -> None:
+    record = GroupRecord(name="llm-0", role="engine", replica=0, phase="Failed", restarts=2,
+                         last_restart_reason="watchdog", last_restart_time="2026-01-01T00:00:00Z",
+                         incarnation=3, generation=2, generation_restarts=1,
+                         failed_generation=2, failed_reason="RestartLimitReached",
+                         last_termination=Ending("llm-0-1", 1, 86, "watchdog", "scheduler_TP1",
+                                                 "stuck"))
+    assert GroupRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    assert "recreateAfter" not in record.to_dict()  # unset fields are left out
