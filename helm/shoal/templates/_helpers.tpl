@@ -63,6 +63,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+The engine image of ModelDeployments without spec.image: operator.engineImage, else the image
+repository at the chart's appVersion. It does not follow image.tag, so a new operator tag rolls the
+operator alone; a new chart version (a new appVersion) rolls unpinned engines too.
+*/}}
+{{- define "shoal.engineImage" -}}
+{{- default (printf "%s:%s" .Values.image.repository .Chart.AppVersion) .Values.operator.engineImage }}
+{{- end }}
+
+{{/*
 What the operator may do, the same rules for its ClusterRole or for each watched namespace's Role:
 exactly the calls it makes (its Kubernetes API module and kopf's bookkeeping), nothing else.
 */}}
@@ -72,13 +81,16 @@ exactly the calls it makes (its Kubernetes API module and kopf's bookkeeping), n
   verbs: [get, list, watch, patch]
 - apiGroups: [shoal.dev]
   resources: [modeldeployments/status]
-  verbs: [get, patch]
+  verbs: [update]
+- apiGroups: [shoal.dev]
+  resources: [modeldeployments/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [list, watch, create, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, create]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

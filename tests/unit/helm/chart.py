@@ -18,12 +18,17 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 HELM_GO_MOD = REPO / "tools" / "helm" / "go.mod"
 RELEASE, NAMESPACE = "shoal", "shoal-system"
 
-# (apiGroup, resource, verb) the operator's ServiceAccount holds in each namespace it watches
+# (apiGroup, resource, verb) the operator's ServiceAccount holds in each namespace it watches:
+# what shoal_operator.kube calls, what kopf calls (watch the resources of its handlers, patch its
+# finalizer on a ModelDeployment, post Events), and update on modeldeployments/finalizers, which
+# an apiserver with OwnerReferencesPermissionEnforcement asks of whoever creates a child with
+# blockOwnerDeletion (the operator's pods and Services).
 OPERATOR_PERMISSIONS = frozenset(
     [("shoal.dev", "modeldeployments", verb) for verb in ("get", "list", "watch", "patch")]
-    + [("shoal.dev", "modeldeployments/status", verb) for verb in ("get", "patch")]
-    + [("", "pods", verb) for verb in ("get", "list", "watch", "create", "delete")]
-    + [("", "services", verb) for verb in ("get", "list", "watch", "create", "patch", "delete")]
+    + [("shoal.dev", "modeldeployments/status", "update"),
+       ("shoal.dev", "modeldeployments/finalizers", "update")]
+    + [("", "pods", verb) for verb in ("list", "watch", "create", "delete")]
+    + [("", "services", verb) for verb in ("list", "create")]
     + [("", "events", "create")])
 
 

@@ -41,48 +41,6 @@ def test_every_object_has_the_standard_labels(values: list[Path]) -> None:
         "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")}
 
 
-def test_default_install_is_one_cluster_role_bound_to_the_service_account() -> None:
-    objects = render()
-    assert sorted(o["kind"] for o in objects) == [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
-    role, binding = only(objects, "ClusterRole"), only(objects, "ClusterRoleBinding")
-    account = only(objects, "ServiceAccount")
-    assert rule_permissions(role["rules"]) == OPERATOR_PERMISSIONS
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                  "kind": "ClusterRole", "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
-    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == account["metadata"]["name"] == "shoal-operator"
-    assert pod["automountServiceAccountToken"] is True
-
-
-@pytest.mark.parametrize("values", [[], *([path] for path in CI_VALUES)],
-                         ids=["default", *(path.stem for path in CI_VALUES)])
-def test_rbac_never_grants_secrets_or_wildcards(values: list[Path]) -> None:
-    for role in find(render(*values), "ClusterRole") + find(render(*values), "Role"):
-        for group, resource, verb in rule_permissions(role["rules"]):
-            assert "*" not in (group, resource, verb)
-            assert resource not in ("secrets", "configmaps")
-        assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
-
-
-def test_watch_namespaces_gives_a_role_in_each_and_no_cluster_role() -> None:
-    objects = render(set_values=["watchNamespaces={team-a,team-b}"])
-    assert find(objects, "ClusterRole") == find(objects, "ClusterRoleBinding") == []
-    roles, bindings = find(objects, "Role"), find(objects, "RoleBinding")
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
-    for role in roles:
-        assert rule_permissions(role["rules"]) == OPERATOR_PERMISSIONS
-    for binding in bindings:
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "shoal-operator",
-                                        "namespace": NAMESPACE}]
-    args = _container(objects)["args"]
-    assert "--namespace=team-a" in args and "--namespace=team-b" in args
-    assert "--all-namespaces" not in args
-
-
 def test_rbac_and_service_account_can_be_left_to_the_user() -> None:
     objects = render(set_values=["rbac.create=false", "serviceAccount.create=false",
                                  "serviceAccount.name=platform-operator"])
@@ -110,25 +68,26 @@ def test_operator_runs_non_root_read_only_with_probes_on_its_health_endpoint() -
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["command"] == ["python", "-m", "shoal_operator"]
     assert "--health-port=8080" in container["args"]
-    assert "--health-host=$(POD_IP)" in container["args"]
-    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in \
-        container["env"]
+    assert {"name": "SHOAL_OPERATOR_HEALTH_HOST",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
 
 
-def test_one_operator_at_a_time() -> None:
+def test_one_operator_at_a_time_watching_every_namespace_by_default() -> None:
     spec = only(render(), "Deployment")["spec"]
+    assert not [a for a in _container(render())["args"] if a.startswith("--namespace")]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
 
 
-def test_image_defaults_to_the_app_version_and_engine_pods_use_it() -> None:
+def test_image_defaults_to_the_app_version_and_a_new_tag_moves_the_operator_alone() -> None:
+    app_image = f"ghcr.io/shoal-dev/shoal:{shoal.__version__}"
     container = _container(render())
-    assert container["image"] == f"ghcr.io/shoal-dev/shoal:{shoal.__version__}"
+    assert container["image"] == app_image
     assert container["imagePullPolicy"] == "IfNotPresent"
-    assert f"--default-image=ghcr.io/shoal-dev/shoal:{shoal.__version__}" in container["args"]
+    assert f"--default-image={app_image}" in container["args"]
     container = _container(render(set_values=["image.tag=0.2.0"]))
     assert container["image"] == "ghcr.io/shoal-dev/shoal:0.2.0"
-    assert "--default-image=ghcr.io/shoal-dev/shoal:0.2.0" in container["args"]
+    assert f"--default-image={app_image}" in container["args"]
 
 
 def test_custom_image_values() -> None:
