@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
+    if logging.getLogger().level > logging.DEBUG:  # not a line per pod event
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     memo = kopf.Memo(kube=Kube(load_api_client()), wakeups=handlers.Wakeups(),
                      config=OperatorConfig(default_image=args.default_image,
                                            cluster_domain=args.cluster_domain))
