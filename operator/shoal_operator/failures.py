@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shoal.lifecycle import Reason, Termination, classify_exit
-
 from shoal_operator import names
 from shoal_operator.observed import PodState
 from shoal_operator.spec import RestartPolicy

@@ -5,6 +5,7 @@ and about itself only wake the daemon early."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -19,6 +20,8 @@ RESYNC_S = 10.0  # a pass at least this often, events or not
 RETRY_S = 2.0  # after the API refused or failed an action
 CONFLICT_RETRY_S = 0.2  # the ModelDeployment changed under the pass: plan again at once
 FINALIZER = "shoal.dev/operator"  # kopf's, so it can stop a daemon before its resource goes
+
+logger = logging.getLogger(__name__)
 
 
 class Wakeups:
@@ -36,10 +39,8 @@ class Wakeups:
     async def sleep(self, namespace: str, name: str, seconds: float) -> None:
         """Until `seconds` pass or something pokes this ModelDeployment."""
         event = self._event(namespace, name)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
         event.clear()
 
     def forget(self, namespace: str, name: str) -> None:
@@ -54,18 +55,18 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, cancellation_timeout=10.0,
              backoff=RETRY_S)
-async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
-                                logger: logging.Logger, **_: Any) -> None:
+async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     try:
         while True:
             try:
                 delay = await asyncio.to_thread(reconcile, memo.kube, namespace, name,
                                                 memo.config)
             except ApiException as exc:
-                logger.info("pass stopped by the API (%s %s); retrying", exc.status, exc.reason)
+                logger.info("%s/%s: pass stopped by the API (%s %s); retrying", namespace, name,
+                            exc.status, exc.reason)
                 delay = CONFLICT_RETRY_S if exc.status == 409 else RETRY_S
             except urllib3.exceptions.HTTPError as exc:
-                logger.warning("API unreachable (%s); retrying", exc)
+                logger.warning("%s/%s: API unreachable (%s); retrying", namespace, name, exc)
                 delay = RETRY_S
             await memo.wakeups.sleep(namespace, name, min(delay or RESYNC_S, RESYNC_S))
     finally:

@@ -11,8 +11,14 @@ import kubernetes
 from kubernetes.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
 from shoal_operator import names
-from shoal_operator.actions import (Action, CreatePods, CreateService, DeletePods, EmitEvent,
-                                    ReplaceStatus)
+from shoal_operator.actions import (
+    Action,
+    CreatePods,
+    CreateService,
+    DeletePods,
+    EmitEvent,
+    ReplaceStatus,
+)
 
 logger = logging.getLogger(__name__)
 

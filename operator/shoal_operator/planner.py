@@ -26,16 +26,28 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from shoal_operator import builders, names
-from shoal_operator.actions import (Action, CreatePods, CreateService, DeletePods, EmitEvent,
-                                    PodRef, ReplaceStatus)
+from shoal_operator.actions import (
+    Action,
+    CreatePods,
+    CreateService,
+    DeletePods,
+    EmitEvent,
+    PodRef,
+    ReplaceStatus,
+)
 from shoal_operator.conditions import Summary, conditions, phase
 from shoal_operator.config import OperatorConfig
 from shoal_operator.failures import Fail, Restart, Wait, judge
 from shoal_operator.observed import Observed, PodState
 from shoal_operator.rollout import GroupHealth, groups_to_replace, surge_replicas
 from shoal_operator.spec import ModelDeployment
-from shoal_operator.status import (GroupRecord, format_deadline, format_time, parse_time,
-                                   seconds_between)
+from shoal_operator.status import (
+    GroupRecord,
+    format_deadline,
+    format_time,
+    parse_time,
+    seconds_between,
+)
 
 FAILED_GROUP_GRACE_S = 5  # a failed group's pods go quickly: nothing there is worth a drain
 UNSUPPORTED_DISAGGREGATION = ("spec.disaggregation is not deployed by this operator version; "

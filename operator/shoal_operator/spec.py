@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.lifecycle import Reason
-
 from shoal_operator.status import RecordedStatus
 
 RECREATABLE = (Reason.WATCHDOG, Reason.CONSENSUS, Reason.PEER_LOST, Reason.CRASH, Reason.OOM)

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shoal.lifecycle import Reason, Termination
-
 from shoal_operator import builders, names
 from shoal_operator.config import OperatorConfig
 from shoal_operator.spec import ModelDeployment

@@ -11,12 +11,17 @@ from datetime import datetime
 from typing import Any
 
 from shoal_operator import names
-from shoal_operator.actions import (Action, CreatePods, CreateService, DeletePods, EmitEvent,
-                                    ReplaceStatus)
+from shoal_operator.actions import (
+    Action,
+    CreatePods,
+    CreateService,
+    DeletePods,
+    EmitEvent,
+    ReplaceStatus,
+)
 from shoal_operator.observed import Observed
 from shoal_operator.planner import Plan, plan
 from shoal_operator.spec import ModelDeployment
-
 from tests.unit.operator.factories import CONFIG, end_pod, md_body
 
 
@@ -58,11 +63,11 @@ class FakeApi:
         elif isinstance(action, CreateService):
             self.services.setdefault(action.service["metadata"]["name"], action.service)
         elif isinstance(action, CreatePods):
-            for pod in action.pods:
-                name = pod["metadata"]["name"]
+            for template in action.pods:
+                name = template["metadata"]["name"]
                 if name in self.pods:
                     continue
-                pod = copy.deepcopy(pod)
+                pod = copy.deepcopy(template)
                 pod["metadata"]["uid"] = f"uid-{next(self._uids)}"
                 pod["status"] = {"phase": "Pending"}
                 self.pods[name] = pod

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from shoal_operator import builders
 from shoal_operator.config import OperatorConfig
-
 from tests.unit.operator.factories import CONFIG, MD_UID, Clock, make_md
 
 SPEC = {"image": "shoal:1", "engine": {"tp": 2, "nnodes": 2, "args": ["--watchdog-timeout", "5"],

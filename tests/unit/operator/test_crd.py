@@ -14,10 +14,8 @@ import pytest
 import yaml
 
 from shoal.lifecycle import Reason
-
 from shoal_operator import names
 from shoal_operator.spec import RECREATABLE, parse_spec
-
 from tests.unit.operator.factories import CONFIG, Clock
 from tests.unit.operator.fake_api import FakeApi
 

@@ -9,10 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from shoal.lifecycle import Reason
-
 from shoal_operator.observed import Observed
 from shoal_operator.planner import plan
-
 from tests.unit.operator.factories import CONFIG, Clock, make_md, pod_object
 from tests.unit.operator.fake_api import FakeApi
 
@@ -82,6 +80,7 @@ def test_a_plan_cut_short_anywhere_ends_the_same(scenario: str) -> None:
     for crash_after in range(actions):
         api, _ = _run(scenario, crash_after, crashes=2)
         assert _outcome(api) == _outcome(reference), f"crash after {crash_after} actions"
+        assert api.created == reference.created  # not one pod more was ever created
         per_group: dict[str, int] = {}
         for name in api.live_pods():
             group = name.rsplit("-", 1)[0]

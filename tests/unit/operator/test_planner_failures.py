@@ -7,14 +7,11 @@ from __future__ import annotations
 import pytest
 
 from shoal.lifecycle import Reason
-
 from shoal_operator.actions import CreatePods, CreateService, DeletePods, EmitEvent, ReplaceStatus
 from shoal_operator.failures import PEER_LOST_GRACE_S
 from shoal_operator.observed import Observed, PodState
 from shoal_operator.planner import FAILED_GROUP_GRACE_S, plan
-
-from tests.unit.operator.factories import (CONFIG, Clock, end_pod, make_md, pod_object,
-                                           terminating)
+from tests.unit.operator.factories import CONFIG, Clock, make_md, pod_object, terminating
 from tests.unit.operator.fake_api import FakeApi
 
 TWO_NODES = {"engine": {"tp": 2, "nnodes": 2}}

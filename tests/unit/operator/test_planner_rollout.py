@@ -9,7 +9,6 @@ from shoal_operator import builders
 from shoal_operator.actions import CreatePods, DeletePods
 from shoal_operator.rollout import GroupHealth, groups_to_replace, surge_replicas
 from shoal_operator.spec import Rollout
-
 from tests.unit.operator.factories import CONFIG, Clock, make_md
 from tests.unit.operator.fake_api import FakeApi
 
