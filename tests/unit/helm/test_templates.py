@@ -1,5 +1,5 @@
-"""What the chart renders: standard labels, RBAC rules exactly as the operator needs them,
-a non-root read-only operator with probes on its health endpoint, and the values wired through."""
+"""What the chart renders: standard labels, a non-root read-only operator with probes on its
+health endpoint, and the values wired through (RBAC: test_rbac.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 import shoal
-from tests.unit.helm.chart import (CHART, CI_VALUES, NAMESPACE, OPERATOR_PERMISSIONS, RELEASE,
-                                   find, only, render, rule_permissions, run_helm)
+from tests.unit.helm.chart import CHART, CI_VALUES, RELEASE, find, only, render, run_helm
 
 STANDARD_LABELS = {
     "app.kubernetes.io/name": "shoal",
@@ -126,17 +125,6 @@ def test_scheduling_resources_and_extras_are_passed_through() -> None:
     assert pod_template["metadata"]["labels"]["tier"] == "control"
     assert container["args"][-1] == "--verbose"
     assert {"name": "TZ", "value": "UTC"} in container["env"]
-
-
-def test_metrics_service_is_optional() -> None:
-    assert find(render(), "Service") == []
-    service = only(render(set_values=["metrics.enabled=true", "metrics.service.port=9090"]),
-                   "Service")
-    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "shoal",
-                                           "app.kubernetes.io/instance": RELEASE,
-                                           "app.kubernetes.io/component": "operator"}
-    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090,
-                                         "targetPort": "health", "protocol": "TCP"}]
 
 
 def test_names_follow_release_and_overrides() -> None:
