@@ -1,0 +1,153 @@
+"""One container run: private namespaces, the pod's files in place, then the container's command.
+
+    python -S sandbox.py <spec.json>        (standard library only; run by the process kubelet)
+
+This process unshares a mount, UTS and PID namespace, sets the hostname, gives the container a
+/dev of its own (a tmpfs with the host's null, zero, random ... bound in, so a termination-log
+there never exists on the host), a fresh /run, and the bind mounts the spec lists (hosts file,
+volumes, termination-message file). Then it forks: the child is PID 1 of the new PID namespace,
+mounts its /proc and execs the container's command. This process stays outside, as the
+container's supervisor:
+
+- SIGTERM, SIGINT and SIGHUP are forwarded to the container's PID 1 (which, as the init of its
+  namespace, gets them only if it handles them, as in a real container);
+- when this process dies (SIGKILL from the kubelet), the kernel SIGKILLs the container's PID 1,
+  and with it every process of the namespace;
+- it exits with the container's exit code, 128 + n when signal n killed it.
+
+A command that cannot start leaves its reason in the spec's start_error file and exits 128.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWPID = 0x00020000, 0x04000000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x2000, 0x4000, 0x40000
+PR_SET_PDEATHSIG = 1
+START_FAILED = 128
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def mount(source: str | None, target: str | Path, fstype: str | None, flags: int,
+          data: str | None = None) -> None:
+    def encode(s: str | Path | None) -> bytes | None:
+        return None if s is None else str(s).encode()
+    _check(_libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags),
+                       encode(data)), f"mount {source} on {target}")
+
+
+def _make_target(target: Path, is_dir: bool) -> None:
+    if is_dir:
+        target.mkdir(parents=True, exist_ok=True)
+    elif not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+
+
+def bind(source: str, target: str, read_only: bool = False) -> None:
+    _make_target(Path(target), Path(source).is_dir())
+    mount(source, target, None, MS_BIND | MS_REC)
+    if read_only:
+        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
+def private_dev(staging: Path) -> None:
+    """A tmpfs with the host's harmless devices, moved over /dev."""
+    staging.mkdir(parents=True, exist_ok=True)
+    mount("tmpfs", staging, "tmpfs", MS_NOSUID, "mode=755")
+    for name in DEVICES:
+        (staging / name).touch()
+        mount(f"/dev/{name}", staging / name, None, MS_BIND)
+    for name in ("pts", "shm"):  # the host's /dev/shm: torch shares tensors through it
+        (staging / name).mkdir()
+        mount(f"/dev/{name}", staging / name, None, MS_BIND | MS_REC)
+    for name, target in DEV_LINKS.items():
+        (staging / name).symlink_to(target)
+    mount(str(staging), "/dev", None, MS_MOVE)
+
+
+def set_up(spec: dict) -> None:
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    socket.sethostname(spec["hostname"])
+    private_dev(Path(spec["dev_staging"]))
+    mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+    for b in spec["binds"]:
+        bind(b["source"], b["target"], b.get("read_only", False))
+
+
+def _parent_alive(parent_pipe: int) -> bool:
+    """The parent holds the pipe's write end open while it lives (getppid() is 0 here)."""
+    os.set_blocking(parent_pipe, False)
+    try:
+        return os.read(parent_pipe, 1) != b""
+    except BlockingIOError:
+        return True
+
+
+def run_container(spec: dict, parent_pipe: int) -> None:
+    """In the child: PID 1 of the new namespace. Never returns."""
+    try:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if not _parent_alive(parent_pipe):
+            os._exit(START_FAILED)
+        os.close(parent_pipe)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.chdir(spec["cwd"])
+        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+    except OSError as e:
+        Path(spec["start_error_file"]).write_text(f"{spec['argv'][0]}: {e}")
+    os._exit(START_FAILED)
+
+
+def supervise(child: int) -> int:
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    try:
+        set_up(spec)
+    except OSError as e:
+        Path(spec["start_error_file"]).write_text(f"setting up the container: {e}")
+        return START_FAILED
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(write_end)
+        run_container(spec, read_end)
+    os.close(read_end)
+    Path(spec["pid_file"]).write_text(f"{child}\n")
+    return supervise(child)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
