@@ -10,10 +10,18 @@ import re
 from pathlib import Path
 
 import pytest
-
 from shoal_operator import names
-from tests.unit.helm.chart import (CI_VALUES, NAMESPACE, OPERATOR_PERMISSIONS, REPO, find, only,
-                                   render, rule_permissions)
+
+from tests.unit.helm.chart import (
+    CI_VALUES,
+    NAMESPACE,
+    OPERATOR_PERMISSIONS,
+    REPO,
+    find,
+    only,
+    render,
+    rule_permissions,
+)
 
 OPERATOR = REPO / "operator" / "shoal_operator"
 CLIENT_VERBS = {"get": "get", "read": "get", "list": "list", "create": "create",
