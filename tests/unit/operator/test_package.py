@@ -3,13 +3,16 @@ wake-ups, and the status records it reads back."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import shoal_operator
 from shoal_operator.__main__ import parse_args
 from shoal_operator.config import DEFAULT_IMAGE
 from shoal_operator.handlers import Wakeups
@@ -26,6 +29,36 @@ def test_the_operator_never_imports_torch_or_the_engine() -> None:
     heavy = [m for m in loaded if m.split(".")[0] in ("torch", "transformers", "numpy", "zmq")]
     assert heavy == []
     assert {m for m in loaded if m.startswith("shoal.")} == {"shoal.lifecycle"}
+
+
+PURE = ("planner", "failures", "rollout", "conditions", "builders", "spec", "observed", "status",
+        "actions", "names", "config")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, dotted (`from a import b` counts as a and a.b)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_only_kube_talks_to_the_api_and_only_the_handlers_know_kopf() -> None:
+    """The planner and everything it uses are pure: no client, no kopf, no I/O module."""
+    package = Path(shoal_operator.__file__).parent
+    modules = {p.stem: _imports(p) for p in package.glob("*.py")}
+
+    def importers(prefix: str) -> set[str]:
+        return {m for m, found in modules.items() if any(f.startswith(prefix) for f in found)}
+
+    assert importers("kubernetes") == {"kube", "handlers"}
+    assert importers("kopf") == {"handlers", "__main__"}
+    io_modules = {f"shoal_operator.{m}" for m in ("kube", "reconcile", "handlers", "__main__")}
+    for name in PURE:
+        assert not modules[name] & io_modules, name
 
 
 def test_flags_and_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
