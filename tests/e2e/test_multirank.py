@@ -16,11 +16,16 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
+from shoal.ports import free_port
 from tests.support.load import exit_code_under_load
 from tests.support.reference import assert_same_or_tie
-from shoal.ports import free_port
-from tests.support.server import (RunningServer, kill_tree, shoal_processes,
-                                  start_server, wait_healthy)
+from tests.support.server import (
+    RunningServer,
+    kill_tree,
+    shoal_processes,
+    start_server,
+    wait_healthy,
+)
 
 PROMPTS = [
     "The capital of France is",

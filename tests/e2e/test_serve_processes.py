@@ -60,8 +60,8 @@ def test_sigkill_of_any_component_ends_the_server(tmp_path: Path, victim: str) -
 def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
     server = start_server(tmp_path, "--max-total-tokens", "4096")
     try:
-        with httpx.Client(base_url=server.base_url, timeout=120) as client:
-            with client.stream("POST", "/generate", json={
+        with httpx.Client(base_url=server.base_url, timeout=120) as client, client.stream(
+                "POST", "/generate", json={
                     "text": "Tell me a story.", "stream": True,
                     "sampling_params": {"max_new_tokens": 48, "temperature": 0,
                                         "ignore_eos": True}}) as r:

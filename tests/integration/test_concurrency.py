@@ -13,8 +13,8 @@ from tests.support.reference import assert_same_or_tie
 from tests.support.server import RunningServer
 
 NUM_REQUESTS = 32
-WORDS = ("river stone light garden music winter paper city window forest number ocean "
-         "story bridge market cloud engine").split()
+WORDS = ["river", "stone", "light", "garden", "music", "winter", "paper", "city", "window",
+         "forest", "number", "ocean", "story", "bridge", "market", "cloud", "engine"]
 
 
 def make_requests(seed: int = 7) -> list[dict]:

@@ -16,8 +16,8 @@ from transformers import AutoTokenizer
 from tests.support.reference import assert_same_or_tie, greedy
 from tests.support.server import RunningServer, start_server
 
-WORDS = ("lantern harbor meadow copper violin glacier orchard pepper canyon ribbon thunder "
-         "marble saddle quartz willow falcon").split()
+WORDS = ["lantern", "harbor", "meadow", "copper", "violin", "glacier", "orchard", "pepper",
+         "canyon", "ribbon", "thunder", "marble", "saddle", "quartz", "willow", "falcon"]
 
 
 def words(n: int, seed: int) -> str:
@@ -119,14 +119,14 @@ def test_chunked_prefill_matches_and_interleaves(tmp_path: Path, model_path: str
         stream_times: list[float] = []
 
         async def stream_other() -> None:
-            async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as c:
-                async with c.stream("POST", "/generate", json={
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as c, c.stream(
+                    "POST", "/generate", json={
                         "text": "Count slowly:", "stream": True,
                         "sampling_params": {"max_new_tokens": 400, "ignore_eos": True,
                                             "temperature": 0}}) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data:") and line != "data: [DONE]":
-                            stream_times.append(time.monotonic())
+                async for line in r.aiter_lines():
+                    if line.startswith("data:") and line != "data: [DONE]":
+                        stream_times.append(time.monotonic())
 
         async def long_prompt() -> tuple[float, float, dict]:
             while len(stream_times) < 3:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -60,20 +61,18 @@ def kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         return
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def start_server(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None,
                  wait: bool = True) -> RunningServer:
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shoal", "serve", "--port", str(port), *flags],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    with open(log_path, "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shoal", "serve", "--port", str(port), *flags],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     server = RunningServer(proc=proc, base_url=f"http://127.0.0.1:{port}", log_path=log_path)
     if wait:
         wait_healthy(server)

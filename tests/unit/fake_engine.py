@@ -23,9 +23,19 @@ import uvicorn
 import zmq
 
 from shoal.ipc import sockets
-from shoal.ipc.messages import (AbortReq, AnyMessage, BatchStrOut, ComponentReady, ControlReply,
-                                FinishReason, FlushCacheReq, GenerateReq, ReqStrOut,
-                                SchedulerInfoReq, TokenLogprobs)
+from shoal.ipc.messages import (
+    AbortReq,
+    AnyMessage,
+    BatchStrOut,
+    ComponentReady,
+    ControlReply,
+    FinishReason,
+    FlushCacheReq,
+    GenerateReq,
+    ReqStrOut,
+    SchedulerInfoReq,
+    TokenLogprobs,
+)
 from shoal.ports import free_port
 
 WORDS = ["Hello", ",", " world", "!", " How"]

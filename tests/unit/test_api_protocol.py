@@ -6,8 +6,15 @@ import pytest
 from pydantic import ValidationError
 
 from shoal.api.errors import APIError
-from shoal.api.protocol import (ChatCompletionChunk, ChatCompletionRequest, ChatStreamChoice,
-                                CompletionRequest, DeltaMessage, GenerateRequest, Usage)
+from shoal.api.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatStreamChoice,
+    CompletionRequest,
+    DeltaMessage,
+    GenerateRequest,
+    Usage,
+)
 from shoal.api.tokenizer_manager import fit_max_new_tokens
 from shoal.ipc.messages import LogprobParams, SamplingParams
 

@@ -16,8 +16,6 @@ import openai
 import pytest
 import zmq
 
-from tests.unit.fake_engine import (ABORT_SEED, EOS_ID, WORD_IDS, WORDS, FakeEngine, ServerThread,
-                                    fake_logprob)
 from shoal import model_store
 from shoal.api.http_server import create_app
 from shoal.api.tokenizer_manager import TokenizerManager
@@ -25,6 +23,15 @@ from shoal.config import ComponentArgs, ServerArgs
 from shoal.ipc import sockets
 from shoal.ipc.messages import AbortReq, BatchStrOut, ReqStrOut
 from shoal.tokenizer import load_tokenizer
+from tests.unit.fake_engine import (
+    ABORT_SEED,
+    EOS_ID,
+    WORD_IDS,
+    WORDS,
+    FakeEngine,
+    ServerThread,
+    fake_logprob,
+)
 
 MODEL = "smol-test"
 CONTEXT = 4096

@@ -13,10 +13,10 @@ import torch
 
 from shoal.bench.forward import alloc_rows, decode_step, fill_context
 from shoal.cli import main
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.model_runner import ModelRunner
-from shoal.engine.parallel import ParallelGroup
-from shoal.scheduler.process import torch_threads_per_rank
+from shoal.engine.threads import torch_threads_per_rank
+from shoal.models.forward_batch import ForwardBatch
+from shoal.models.parallel import ParallelGroup
 
 
 @pytest.fixture(autouse=True)

@@ -23,8 +23,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from shoal import model_store
-from shoal.bench.datasets import (PromptMaker, load_tokenizer, random_prompts,
-                                  shared_prefix_prompts)
+from shoal.bench.datasets import PromptMaker, load_tokenizer, random_prompts, shared_prefix_prompts
 from shoal.bench.serving import poisson_gaps
 from shoal.cli import main
 from shoal.ports import free_port

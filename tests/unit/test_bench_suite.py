@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from shoal.bench.report import KEEP_SECTION, acceptance, plot_throughput, write_report
-from shoal.bench.suite import QUICK, Run, SuiteConfig, SuiteResults, _parser, config_from_args
+from shoal.bench.suite import _parser, config_from_args
+from shoal.bench.suite_runs import QUICK, Run, SuiteConfig, SuiteResults
 
 CFG = SuiteConfig(concurrencies=(1, 32))
 

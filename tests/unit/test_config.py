@@ -6,8 +6,13 @@ import argparse
 
 import pytest
 
-from shoal.config import (ConfigError, ServerArgs, add_server_flags, server_args_from_namespace,
-                          to_argv)
+from shoal.config import (
+    ConfigError,
+    ServerArgs,
+    add_server_flags,
+    server_args_from_namespace,
+    to_argv,
+)
 from shoal.launch.plan import build_plan
 
 

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from shoal.lifecycle import (PEER_LOST_GRACE_S, FirstFailure, Reason, Termination,
-                             classify_exit, read_termination_message, reset_termination_log,
-                             write_termination_message)
+from shoal.lifecycle import (
+    PEER_LOST_GRACE_S,
+    FirstFailure,
+    Reason,
+    Termination,
+    classify_exit,
+    parse_termination_message,
+    reset_termination_log,
+    write_termination_message,
+)
 
 
 @pytest.fixture
@@ -84,14 +91,15 @@ def test_first_writer_wins(log: Path) -> None:
     assert not write_termination_message(_end(Reason.PEER_LOST, "api", None, 75, "peer died"))
     assert json.loads(log.read_text()) == {"reason": "watchdog", "component": "scheduler_TP1",
                                            "rank": 1, "exit_code": 86, "detail": "stuck"}
-    assert read_termination_message() == _end(Reason.WATCHDOG, "scheduler_TP1", 1, 86, "stuck")
+    assert parse_termination_message(log.read_text()) == _end(Reason.WATCHDOG, "scheduler_TP1",
+                                                              1, 86, "stuck")
     assert len(log.read_text().splitlines()) == 1
 
 
 def test_reset_and_size_limit(log: Path) -> None:
     write_termination_message(_end(Reason.CRASH, "api", None, 1, "x"))
     reset_termination_log()
-    assert read_termination_message() is None
+    assert parse_termination_message(log.read_text()) is None
     write_termination_message(_end(Reason.CRASH, "detokenizer", None, 137, "y" * 10_000))
     text = log.read_text()
     assert len(text.encode()) <= 4096
@@ -103,5 +111,5 @@ def test_peer_lost_never_shadows_the_real_failure(log: Path) -> None:
     assert write_termination_message(
         classify_exit(-9, component="scheduler_TP1", rank=1))
     assert not write_termination_message(_end(Reason.PEER_LOST, "scheduler_TP0", 0, 75, "again"))
-    message = read_termination_message()
+    message = parse_termination_message(log.read_text())
     assert message is not None and message.component == "scheduler_TP1"

@@ -60,8 +60,6 @@ def test_linear_takes_a_non_contiguous_input(model: _Tied) -> None:
 
 def test_large_products_run_on_more_threads_and_restore_the_count(
         model: _Tied, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(linear_kernels._Threads, "base", 1)
-    monkeypatch.setattr(linear_kernels._Threads, "large", 2)
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     seen: list[int] = []
@@ -70,12 +68,15 @@ def test_large_products_run_on_more_threads_and_restore_the_count(
                         lambda *a: seen.append(torch.get_num_threads()) or real(*a))
     try:
         use_fast_layout(model)
-        for rows in (linear_kernels.LARGE_PRODUCT_ROWS, 8):
-            x = torch.randn(rows, 48)
-            torch.testing.assert_close(linear(x, model.proj.weight, model.proj.bias),
-                                       F.linear(x, model.proj.weight, model.proj.bias),
-                                       rtol=1e-5, atol=1e-5)
-            assert torch.get_num_threads() == 1
+        x = torch.randn(linear_kernels.LARGE_PRODUCT_ROWS, 48)
+        linear(x, model.proj.weight, model.proj.bias)  # outside the scope: the base count
+        with linear_kernels.large_product_threads(base=1, large=2):
+            for rows in (linear_kernels.LARGE_PRODUCT_ROWS, 8):
+                x = torch.randn(rows, 48)
+                torch.testing.assert_close(linear(x, model.proj.weight, model.proj.bias),
+                                           F.linear(x, model.proj.weight, model.proj.bias),
+                                           rtol=1e-5, atol=1e-5)
+                assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
-    assert seen == [2, 1]
+    assert seen == [1, 2, 1]

@@ -5,9 +5,19 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shoal.ipc.messages import (AbortReq, BatchStrOut, BatchTokenOut, ComponentReady,
-                                FinishReason, GenerateReq, ReqStrOut, ReqTokenOut, SamplingParams,
-                                decode, encode)
+from shoal.ipc.messages import (
+    AbortReq,
+    BatchStrOut,
+    BatchTokenOut,
+    ComponentReady,
+    FinishReason,
+    GenerateReq,
+    ReqStrOut,
+    ReqTokenOut,
+    SamplingParams,
+    decode,
+    encode,
+)
 
 MESSAGES = [
     GenerateReq(rid="r1", input_ids=[1, 2, 3],

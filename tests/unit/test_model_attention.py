@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from shoal.engine.attention import TorchNativeBackend
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool
+from shoal.models.forward_batch import ForwardBatch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 8
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from shoal.engine.model_runner import resolve_device, resolve_dtype
-from shoal.engine.parallel import ParallelGroup, pp_layer_range
 from shoal.models import ModelConfig, UnsupportedModelError, get_model_class
 from shoal.models.config import RopeConfig
 from shoal.models.layers import head_shard
+from shoal.models.parallel import ParallelGroup, pp_layer_range
 
 _LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                        original_max_position_embeddings=8192)

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.model_runner import ModelRunner
-from shoal.engine.parallel import ParallelGroup
+from shoal.models.forward_batch import ForwardBatch
+from shoal.models.parallel import ParallelGroup
 from shoal.ports import free_port
 
 PROMPTS = [[1, 17, 300, 42, 9, 250, 77, 5, 123, 400, 11], [1, 88], [1, 5, 6, 7, 490, 33, 2, 61]]

@@ -11,14 +11,23 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from transformers import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from shoal.engine import penalties, sampler
 from shoal.engine.penalties import PenaltyState
 from shoal.engine.sampler import PromptSlice, SamplingWork
-from shoal.ipc.messages import (LogprobParams, SamplingParams, SamplingResult,
-                                decode_sampling_result, encode_sampling_result)
+from shoal.ipc.messages import (
+    LogprobParams,
+    SamplingParams,
+    SamplingResult,
+    decode_sampling_result,
+    encode_sampling_result,
+)
 
 VOCAB = 32
 EOS = 2

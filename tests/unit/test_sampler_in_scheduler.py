@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from shoal.detokenizer.incremental import _cut_at
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.ipc.messages import GenerateReq, LogprobParams, SamplingParams
+from shoal.models.forward_batch import ForwardBatch
 from shoal.scheduler.request import Req
 from shoal.scheduler.stop import StopChecker
 from tests.unit.test_scheduler import EOS, VOCAB, LetterTokenizer, make_scheduler, run_until_idle

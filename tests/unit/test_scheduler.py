@@ -5,11 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.kv_pool import ReqToTokenPool, TokenSlotAllocator
-from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, ControlReply,
-                                FlushCacheReq, GenerateReq, ReqTokenOut, SamplingParams,
-                                SchedulerInfoReq)
+from shoal.ipc.messages import (
+    AbortReq,
+    AnyMessage,
+    ComponentReady,
+    ControlReply,
+    FlushCacheReq,
+    GenerateReq,
+    ReqTokenOut,
+    SamplingParams,
+    SchedulerInfoReq,
+)
+from shoal.models.forward_batch import ForwardBatch
 from shoal.scheduler import prefill
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefix_cache import NoPrefixCache, RadixCache

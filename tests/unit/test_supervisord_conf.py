@@ -21,8 +21,14 @@ from supervisor.options import ServerOptions
 
 from shoal.config import ServerArgs
 from shoal.launch.plan import ComponentSpec, LaunchPlan, build_plan
-from shoal.launch.supervisord import (LISTENER_EVENTS, SupervisordFiles, SupervisordOptions,
-                                      command_line, environment_line, render_supervisord_conf)
+from shoal.launch.supervisord import (
+    LISTENER_EVENTS,
+    SupervisordFiles,
+    SupervisordOptions,
+    command_line,
+    environment_line,
+    render_supervisord_conf,
+)
 from shoal.lifecycle import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,7 +180,9 @@ def test_the_last_exit_in_the_log_counts() -> None:
 
 
 def test_fatal_is_a_startup_failure() -> None:
-    assert exit_listener.fatal_failure("api", None).exit_code == ExitCode.STARTUP_FAILED
+    fatal = exit_listener.ExitListener({"api": None}, Path("r"), Path("l"), 1.0).on_event(
+        "PROCESS_STATE_FATAL", {"processname": "api"})
+    assert fatal is not None and fatal.exit_code == ExitCode.STARTUP_FAILED
 
 
 def test_event_channel_speaks_the_listener_protocol() -> None:

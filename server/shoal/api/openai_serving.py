@@ -18,17 +18,26 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from shoal.api import logprobs as render
-from shoal.api.choices import Choices, checked_outputs, merge_streams
+from shoal.api.choices import Choices, merge_streams
 from shoal.api.errors import APIError, bad_request
-from shoal.api.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk,
-                                ChatCompletionRequest, ChatCompletionResponse, ChatMessage,
-                                ChatStreamChoice, CompletionChoice, CompletionLogprobs,
-                                CompletionRequest, CompletionResponse, DeltaMessage, Usage)
+from shoal.api.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    Usage,
+)
 from shoal.api.sse import sse_response
 from shoal.api.tokenizer_manager import GenerateResult, TokenizerManager
 from shoal.ipc.messages import FinishReason, LogprobParams, ReqStrOut
-
-__all__ = ["OpenAIServing", "checked_outputs"]
 
 
 def finish_reason(finish: FinishReason | None) -> str | None:

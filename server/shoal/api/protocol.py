@@ -13,8 +13,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, field_validator, model_serializer,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from shoal.ipc.messages import LogprobParams, SamplingParams
 

@@ -28,9 +28,22 @@ from transformers import PreTrainedTokenizerBase
 from shoal.api.errors import APIError, bad_request
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.ipc import sockets
-from shoal.ipc.messages import (AbortReq, BatchStrOut, ComponentReady, ControlReply, FinishReason,
-                                FlushCacheReq, GenerateReq, LogprobParams, Message, ReqStrOut,
-                                SamplingParams, SchedulerInfoReq, TokenLogprobs, decode)
+from shoal.ipc.messages import (
+    AbortReq,
+    BatchStrOut,
+    ComponentReady,
+    ControlReply,
+    FinishReason,
+    FlushCacheReq,
+    GenerateReq,
+    LogprobParams,
+    Message,
+    ReqStrOut,
+    SamplingParams,
+    SchedulerInfoReq,
+    TokenLogprobs,
+    decode,
+)
 from shoal.metrics.api_metrics import RequestMetrics
 from shoal.tokenizer import served_model_name
 
@@ -67,6 +80,27 @@ class GenerateResult:
     e2e_latency: float
     logprobs: TokenLogprobs | None = None         # of output_ids, when asked
     prompt_logprobs: TokenLogprobs | None = None  # from logprob_start_len on, when asked
+
+
+@dataclass
+class Accumulated:
+    """A request's chunks so far, concatenated: text, output ids and log-probabilities."""
+
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: TokenLogprobs | None = None         # None: the request asked for none
+    prompt_logprobs: TokenLogprobs | None = None  # they come once, with the first chunk
+
+    @classmethod
+    def expecting(cls, logprobs: bool) -> Accumulated:
+        return cls(logprobs=TokenLogprobs() if logprobs else None)
+
+    def add(self, out: ReqStrOut) -> None:
+        self.text += out.text
+        self.output_ids += out.new_ids
+        if self.logprobs is not None and out.logprobs is not None:
+            self.logprobs.extend(out.logprobs)
+        self.prompt_logprobs = self.prompt_logprobs or out.prompt_logprobs
 
 
 def fit_max_new_tokens(prompt_len: int, requested: int | None, default: int | None,
@@ -248,28 +282,21 @@ class TokenizerManager:
                             is_disconnected: IsDisconnected | None = None) -> GenerateResult:
         """Run a request to the end; an aborted request raises a 500 `APIError`."""
         start = time.monotonic()
-        texts: list[str] = []
-        output_ids: list[int] = []
-        logprobs = TokenLogprobs() if logprob is not None else None
-        prompt_logprobs: TokenLogprobs | None = None
+        so_far = Accumulated.expecting(logprobs=logprob is not None)
         last: ReqStrOut | None = None
         async for last in self.generate(input_ids, sampling, rid=rid, logprob=logprob,
                                          is_disconnected=is_disconnected):
-            texts.append(last.text)
-            output_ids.extend(last.new_ids)
-            if logprobs is not None and last.logprobs is not None:
-                logprobs.extend(last.logprobs)
-            prompt_logprobs = prompt_logprobs or last.prompt_logprobs
+            so_far.add(last)
         if last is None or last.finish is None:
             raise APIError(499, "Client closed the request.", "client_disconnected")
         if last.finish.kind == "abort":
             raise APIError(500, last.finish.message or "The request was aborted.", "aborted")
-        return GenerateResult(rid=last.rid, text="".join(texts), output_ids=output_ids,
+        return GenerateResult(rid=last.rid, text=so_far.text, output_ids=so_far.output_ids,
                               finish=last.finish, prompt_tokens=last.prompt_tokens,
                               completion_tokens=last.completion_tokens,
                               cached_tokens=last.cached_tokens,
-                              e2e_latency=time.monotonic() - start, logprobs=logprobs,
-                              prompt_logprobs=prompt_logprobs)
+                              e2e_latency=time.monotonic() - start, logprobs=so_far.logprobs,
+                              prompt_logprobs=so_far.prompt_logprobs)
 
     def abort(self, rid: str, message: str = "Aborted by request.") -> None:
         """Drop a request: tell the scheduler, and end its iterator with an `abort` chunk."""
@@ -310,8 +337,9 @@ class TokenizerManager:
         try:
             self._send(message)
             return await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise APIError(503, "The scheduler did not answer in time.", "service_unavailable")
+        except TimeoutError:
+            raise APIError(503, "The scheduler did not answer in time.",
+                           "service_unavailable") from None
         finally:
             self._pending_replies.pop(message.rid, None)
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from shoal import model_store
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
-from shoal.engine.parallel import ParallelGroup
-from shoal.scheduler.process import torch_threads_per_rank
+from shoal.engine.threads import torch_threads_per_rank
+from shoal.models.forward_batch import ForwardBatch
+from shoal.models.parallel import ParallelGroup
 
 
 @dataclass(frozen=True)

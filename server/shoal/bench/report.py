@@ -8,14 +8,12 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
-from shoal.scheduler.process import torch_threads_per_rank
-
-if TYPE_CHECKING:
-    from shoal.bench.suite import Run, SuiteConfig, SuiteResults
+from shoal.bench.suite_runs import Run, SuiteConfig, SuiteResults
+from shoal.engine.threads import torch_threads_per_rank
 
 KEEP_SECTION = "## Where the time goes"
 ACCEPT_VS_TRANSFORMERS = 2.0

@@ -35,8 +35,13 @@ import httpx
 import numpy as np
 
 from shoal.bench.cli_args import WARMUP_OUTPUT_LEN
-from shoal.bench.datasets import (Prompt, PromptMaker, load_tokenizer, random_prompts,
-                                  shared_prefix_prompts)
+from shoal.bench.datasets import (
+    Prompt,
+    PromptMaker,
+    load_tokenizer,
+    random_prompts,
+    shared_prefix_prompts,
+)
 
 PERCENTILES = (50, 90, 99)
 MAX_REPORTED_ERRORS = 20

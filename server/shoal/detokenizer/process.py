@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-from types import FrameType
 
 import zmq
 
@@ -12,15 +10,16 @@ from shoal.config import ComponentArgs, ServerArgs
 from shoal.detokenizer.incremental import IncrementalDetokenizer
 from shoal.ipc.messages import BatchStrOut, BatchTokenOut, ComponentReady, ReqStrOut, ReqTokenOut
 from shoal.ipc.sockets import Endpoints, pull_socket, push_socket, recv, send
-from shoal.tokenizer import load_tokenizer, resolve_model_path
+from shoal.lifecycle import exit_on_sigterm
+from shoal.tokenizer import load_tokenizer_or_fail, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
 
 def run_detokenizer(args: ServerArgs, component: ComponentArgs) -> None:
     """Serve until SIGTERM, which raises SystemExit out of the blocking receive."""
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    detokenizer = IncrementalDetokenizer(load_tokenizer(resolve_model_path(args)))
+    exit_on_sigterm()
+    detokenizer = IncrementalDetokenizer(load_tokenizer_or_fail(resolve_model_path(args)))
     endpoints = Endpoints(component.run_dir)
     ctx = zmq.Context()
     receiver = pull_socket(ctx, endpoints.detokenizer_input)
@@ -45,7 +44,3 @@ def _str_out(out: ReqTokenOut, text: str) -> ReqStrOut:
                      prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
                      cached_tokens=out.cached_tokens, logprobs=out.logprobs,
                      prompt_logprobs=out.prompt_logprobs)
-
-
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(0)

@@ -1,34 +1,16 @@
-"""Attention over the paged KV pool.
-
-The model calls `prepare(batch)` once per forward, then `forward(layer, q, k, v)` in every layer.
-A backend writes the new tokens' K/V to the pool and attends each new token to its request's
-tokens `req_to_token[row, :seq_len]`, causally: new token i of a request (position
-`prefix_len + i`) sees the positions `0 .. prefix_len + i`.
-"""
+"""Attention over the paged KV pool: the torch implementation of `AttentionBackend`
+(`shoal.models.attention_backend` states the contract)."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool
-
-
-class AttentionBackend(ABC):
-    @abstractmethod
-    def prepare(self, batch: ForwardBatch) -> None:
-        """Precompute whatever every layer of this forward shares (indices, masks)."""
-
-    @abstractmethod
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> torch.Tensor:
-        """Store k/v [num_tokens, num_kv_heads, head_dim] at `batch.out_cache_loc` in `layer`'s
-        buffers and return the attention output for q [num_tokens, num_heads, head_dim], of the
-        same shape as q. Only valid after `prepare` of the batch these tokens belong to."""
+from shoal.models.attention_backend import AttentionBackend
+from shoal.models.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shoal.engine.parallel import ParallelGroup
+from shoal.models.parallel import ParallelGroup, peer_lost_on_error
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +95,14 @@ def init_distributed(layout: RankLayout, dist_init_addr: str | None, device: tor
 def broadcast_bytes(payload: bytes | None, src: int, group: dist.ProcessGroup) -> bytes:
     """Send `payload` from global rank `src` to every rank of `group`: length first, then bytes."""
     size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
-    dist.broadcast(size, src=src, group=group)
+    with peer_lost_on_error("broadcast"):
+        dist.broadcast(size, src=src, group=group)
     if size.item() == 0:
         return b""
     if payload is not None:
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     else:
         data = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(data, src=src, group=group)
+    with peer_lost_on_error("broadcast"):
+        dist.broadcast(data, src=src, group=group)
     return data.numpy().tobytes()

@@ -8,20 +8,21 @@ device and calls `forward`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import psutil
 import torch
 import torch.distributed as dist
 
 from shoal.engine.attention import TorchNativeBackend
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
-from shoal.engine.parallel import ParallelGroup, pp_layer_range
+from shoal.engine.threads import RankThreads
 from shoal.models import ModelConfig, get_model_class
+from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import head_shard
-from shoal.models.linear_kernels import use_fast_layout
+from shoal.models.linear_kernels import large_product_threads, use_fast_layout
 from shoal.models.loader import load_checkpoint
+from shoal.models.parallel import ParallelGroup, pp_layer_range
 
 # Share of memory the KV pool may take: of available host memory on CPU (the OS, the other
 # ranks and the tokenizer live there too), of free device memory after the weights on CUDA.
@@ -50,10 +51,12 @@ class ModelRunner:
     def __init__(self, model_path: str, device: torch.device, dtype: torch.dtype,
                  tp: ParallelGroup, *, pp_rank: int = 0, pp_size: int = 1,
                  max_total_tokens: int | None = None, max_running_requests: int,
-                 context_length: int, world: ParallelGroup = ParallelGroup()) -> None:
+                 context_length: int, world: ParallelGroup = ParallelGroup(),
+                 threads: RankThreads | None = None) -> None:
         self.device = device
         self.dtype = dtype
         self.tp = tp
+        self.threads = threads  # None: torch's thread count is left alone
         self.model_config = config = ModelConfig.from_pretrained(model_path)
         start_layer, end_layer = pp_layer_range(config.num_layers, pp_rank, pp_size)
         model_class = get_model_class(config.architecture)
@@ -80,9 +83,15 @@ class ModelRunner:
         """float32 logits at `batch.logits_at` (by default [batch, vocab], each request's last
         new token) on the last pipeline stage; (hidden, residual) for the next stage on the
         others, which also take them."""
-        self.attn_backend.prepare(batch)
-        out = self.model(batch, self.attn_backend, hidden, residual)
+        with self._thread_scope():
+            self.attn_backend.prepare(batch)
+            out = self.model(batch, self.attn_backend, hidden, residual)
         return out.float() if isinstance(out, torch.Tensor) else out
+
+    def _thread_scope(self) -> AbstractContextManager[None]:
+        if self.threads is None:
+            return nullcontext()
+        return large_product_threads(self.threads.base, self.threads.large_products)
 
     def _kv_capacity(self, bytes_per_token: int, most_useful: int, world: ParallelGroup) -> int:
         """KV slots that fit the memory budget (capped at what the request rows can reference),

@@ -1,4 +1,10 @@
-"""`shoal component NAME`: run one component in this process, and turn its end into an exit code."""
+"""`shoal component ROLE`: run one component in this process, and turn its end into an exit code.
+
+    the entry returns, or SIGTERM        0   completed
+    StartupFailed, ConfigError           88  startup-failed
+    PeerLost                             75  peer-lost
+    any other exception                  1   crash
+"""
 
 from __future__ import annotations
 
@@ -12,21 +18,17 @@ import setproctitle
 
 from shoal import faults
 from shoal.config import ComponentArgs, ConfigError, ServerArgs
-from shoal.launch.plan import METRICS_DIR_ENV, scheduler_name
-from shoal.lifecycle import ExitCode, die_with_parent, exit_process, fail
+from shoal.launch.plan import METRICS_DIR_ENV
+from shoal.lifecycle import ExitCode, PeerLost, StartupFailed, die_with_parent, exit_process, fail
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("api", "detokenizer", "scheduler")
 
 
-class StartupFailed(RuntimeError):
-    """The component cannot start (bad config, model that cannot load): do not hot-restart."""
-
-
 def _entry(role: str) -> Callable[[ServerArgs, ComponentArgs], None]:
     if role == "api":
-        from shoal.api.http_server import run_api
+        from shoal.api.process import run_api
         return run_api
     if role == "detokenizer":
         from shoal.detokenizer.process import run_detokenizer
@@ -35,17 +37,12 @@ def _entry(role: str) -> Callable[[ServerArgs, ComponentArgs], None]:
     return run_scheduler
 
 
-def component_name(role: str, args: ServerArgs, component: ComponentArgs) -> str:
-    if role == "scheduler":
-        return scheduler_name(component.pp_rank, component.tp_rank, args.pp)
-    return role
-
-
 def run_component(role: str, args: ServerArgs, component: ComponentArgs) -> None:
-    name = component_name(role, args, component)
-    rank = component.pp_rank * args.tp + component.tp_rank if role == "scheduler" else None
+    is_scheduler = role == "scheduler"
+    name = component.scheduler_name(args) if is_scheduler else role
+    rank = component.global_rank(args) if is_scheduler else None
     setproctitle.setproctitle(f"shoal::{name}")
-    die_with_parent()
+    die_with_parent(name, rank)
     if METRICS_DIR_ENV in os.environ:
         os.makedirs(os.environ[METRICS_DIR_ENV], exist_ok=True)
     logging.basicConfig(
@@ -58,11 +55,14 @@ def run_component(role: str, args: ServerArgs, component: ComponentArgs) -> None
         _entry(role)(args, component)
     except (StartupFailed, ConfigError) as exc:
         fail(ExitCode.STARTUP_FAILED, name, rank, str(exc))
+    except PeerLost as exc:
+        logger.error("lost a peer rank: %s", exc)
+        fail(ExitCode.PEER_LOST, name, rank, f"a peer rank failed: {exc}")
     except SystemExit as exc:
         exit_process(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
     except KeyboardInterrupt:
         exit_process(ExitCode.COMPLETED)
-    except BaseException as exc:  # noqa: BLE001 - any uncaught error ends the component as a crash
+    except BaseException as exc:  # any uncaught error ends the component as a crash
         logger.error("%s crashed:\n%s", name, traceback.format_exc())
         fail(ExitCode.CRASH, name, rank, f"{type(exc).__name__}: {exc}")
     exit_process(ExitCode.COMPLETED)

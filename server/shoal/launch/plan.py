@@ -11,8 +11,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from shoal.config import ServerArgs, env_name, to_argv
-
+from shoal.config import ServerArgs, env_name, scheduler_name, to_argv
+from shoal.ports import free_port
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess directory
 
@@ -35,8 +35,12 @@ class LaunchPlan:
     components: tuple[ComponentSpec, ...]
 
 
-def scheduler_name(pp_rank: int, tp_rank: int, pp_size: int) -> str:
-    return f"scheduler_PP{pp_rank}_TP{tp_rank}" if pp_size > 1 else f"scheduler_TP{tp_rank}"
+def resolve_launch_args(args: ServerArgs) -> ServerArgs:
+    """What a runner decides before building its plan: a local rendezvous for the ranks of a
+    one-node server when `--dist-init-addr` is not given."""
+    if args.world_size > 1 and args.dist_init_addr is None:
+        return dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
+    return args
 
 
 def build_plan(args: ServerArgs, run_dir: str, python: str = sys.executable) -> LaunchPlan:

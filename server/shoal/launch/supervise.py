@@ -12,9 +12,15 @@ import signal
 import subprocess
 import time
 
-from shoal.launch.plan import ComponentSpec, LaunchPlan
-from shoal.lifecycle import (ExitCode, FirstFailure, Termination, classify_exit,
-                             reset_termination_log, write_termination_message)
+from shoal.launch.plan import LaunchPlan
+from shoal.lifecycle import (
+    ExitCode,
+    FirstFailure,
+    Termination,
+    classify_exit,
+    reset_termination_log,
+    write_termination_message,
+)
 
 logger = logging.getLogger(__name__)
 

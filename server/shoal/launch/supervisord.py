@@ -20,19 +20,18 @@ higher priorities first, one group at a time, waiting for a group to be stopped 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.config import ServerArgs
-from shoal.launch.plan import ComponentSpec, LaunchPlan, build_plan
+from shoal.launch.plan import ComponentSpec, LaunchPlan, build_plan, resolve_launch_args
 from shoal.launch.supervise import DRAIN_TIMEOUT_S, GRACE_S
-from shoal.ports import free_port
 
 SCHEDULER_GROUP = "schedulers"
 LISTENER_NAME = "exit_listener"
@@ -198,17 +197,10 @@ def _check_one_line(text: str) -> None:
         raise ValueError(f"a line break cannot go into a supervisord config: {text!r}")
 
 
-def resolve_launch_args(args: ServerArgs) -> ServerArgs:
-    """What `shoal serve` decides before building its plan: a local rendezvous for the ranks of
-    a one-node server when `--dist-init-addr` is not given."""
-    if args.world_size > 1 and args.dist_init_addr is None:
-        return dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
-    return args
-
-
 def add_supervisord_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", required=True,
-                        help="the server's private run directory (IPC sockets, supervisord files)")
+    parser.add_argument("--run-dir", default=None,
+                        help="the server's private run directory (IPC sockets, supervisord "
+                             "files; default: a new one under the system's temp directory)")
     parser.add_argument("--exit-listener", default=None,
                         help="path of image/exit_listener.py (default: $SHOAL_EXIT_LISTENER, "
                              f"else {DEFAULT_EXIT_LISTENER})")
@@ -222,7 +214,8 @@ def supervisord_conf_main(args: ServerArgs, ns: argparse.Namespace,
 
     environ = dict(os.environ) if environ is None else environ
     listener = ns.exit_listener or environ.get("SHOAL_EXIT_LISTENER", DEFAULT_EXIT_LISTENER)
-    plan = build_plan(resolve_launch_args(args), make_run_dir(ns.run_dir))
+    run_dir = make_run_dir(ns.run_dir) if ns.run_dir else tempfile.mkdtemp(prefix="shoal-")
+    plan = build_plan(resolve_launch_args(args), run_dir)
     text = render_supervisord_conf(plan, SupervisordOptions(
         exit_listener=(sys.executable, listener)))
     if ns.output:

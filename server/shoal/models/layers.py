@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.engine.parallel import ParallelGroup
 from shoal.models.config import RopeConfig
 from shoal.models.linear_kernels import linear
 from shoal.models.loader import TensorSlice, read_cols, read_rows
+from shoal.models.parallel import ParallelGroup
 
 
 def _parameter(*shape: int) -> nn.Parameter:

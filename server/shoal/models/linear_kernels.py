@@ -11,9 +11,9 @@ weights at one thread:
 - huge pages make streaming all weights once per decode step another ~10% faster.
 Both are plain float32 products; only the summation order differs from `F.linear`.
 A product of at least `LARGE_PRODUCT_ROWS` rows (a prefill) may run on more threads than the
-rest of the forward (`use_threads_for_large_products`): it is compute-bound and one barrier long,
-so a thread the OS preempts for the api delays it a little, where the many small ops of a decode
-step would stall at every barrier (docs/operations.md).
+rest of the forward (`large_product_threads`, set by the model runner around each forward): it is
+compute-bound and one barrier long, so a thread the OS preempts for the api delays it a little,
+where the many small ops of a decode step would stall at every barrier (docs/operations.md).
 Elsewhere (CUDA, other dtypes) this is `F.linear` on the usual row-major weight.
 """
 
@@ -22,6 +22,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -35,15 +38,22 @@ _MADV_HUGEPAGE = 14
 LARGE_PRODUCT_ROWS = 256
 
 
-class _Threads:
-    base = 0   # 0: leave torch's thread count alone
-    large = 0
+# (base, large) torch threads inside `large_product_threads`; None: leave the count alone
+_product_threads: ContextVar[tuple[int, int] | None] = ContextVar("product_threads",
+                                                                   default=None)
 
 
-def use_threads_for_large_products(base: int, large: int) -> None:
-    """Run products of `LARGE_PRODUCT_ROWS` rows or more on `large` torch threads, then return to
-    `base` (the process's torch thread count)."""
-    _Threads.base, _Threads.large = base, large
+@contextmanager
+def large_product_threads(base: int, large: int) -> Iterator[None]:
+    """Within this block (one forward, in the thread that runs it), a product of
+    `LARGE_PRODUCT_ROWS` rows or more runs on `large` torch threads and then returns to `base`,
+    the thread count of everything else."""
+    assert _product_threads.get() is None, "large_product_threads does not nest"
+    token = _product_threads.set((base, large) if large > base else None)
+    try:
+        yield
+    finally:
+        _product_threads.reset(token)
 
 
 def _column_major(weight: torch.Tensor) -> bool:
@@ -55,13 +65,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """`F.linear(x, weight, bias)` for 2-D `x`, through oneDNN for a column-major CPU weight
     and more than one row."""
     if _ONEDNN and x.shape[0] > 1 and x.device.type == "cpu" and _column_major(weight):
-        if x.shape[0] < LARGE_PRODUCT_ROWS or _Threads.large <= _Threads.base:
+        threads = _product_threads.get() if x.shape[0] >= LARGE_PRODUCT_ROWS else None
+        if threads is None:
             return _onednn_linear(x, weight, bias)
-        torch.set_num_threads(_Threads.large)
+        base, large = threads
+        torch.set_num_threads(large)
         try:
             return _onednn_linear(x, weight, bias)
         finally:
-            torch.set_num_threads(_Threads.base)
+            torch.set_num_threads(base)
     return F.linear(x, weight, bias)
 
 

@@ -15,10 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.engine.attention import AttentionBackend
-from shoal.engine.forward_batch import ForwardBatch
-from shoal.engine.parallel import ParallelGroup
+from shoal.models.attention_backend import AttentionBackend
 from shoal.models.config import ModelConfig
+from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import (
     GateUpParallelLinear,
     ParallelLMHead,
@@ -31,6 +30,7 @@ from shoal.models.layers import (
     head_shard,
 )
 from shoal.models.loader import TensorSlice
+from shoal.models.parallel import ParallelGroup
 
 # checkpoint projection -> (our fused projection, shard)
 _FUSED = {

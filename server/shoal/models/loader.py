@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from torch import nn
 from safetensors import safe_open
+from torch import nn
 
 
 class TensorSlice(Protocol):
@@ -49,7 +49,7 @@ def load_checkpoint(model: LoadableModel, model_path: str | Path) -> None:
     filled: set[str] = set()
     for file in checkpoint_files(model_path):
         with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 filled.update(model.load_weight(name, f.get_slice(name)))
     missing = sorted(name for name, _ in model.named_parameters() if name not in filled)
     if missing:

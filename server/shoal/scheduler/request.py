@@ -21,8 +21,13 @@ import torch
 
 from shoal.engine import penalties, sampler
 from shoal.engine.penalties import PenaltyState
-from shoal.ipc.messages import (FinishReason, GenerateReq, LogprobParams, SamplingParams,
-                                TokenLogprobs)
+from shoal.ipc.messages import (
+    FinishReason,
+    GenerateReq,
+    LogprobParams,
+    SamplingParams,
+    TokenLogprobs,
+)
 from shoal.scheduler.prefix_cache import TreeNode
 
 

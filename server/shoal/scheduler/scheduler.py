@@ -5,25 +5,34 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
-from shoal.engine import sampler
-from shoal.engine.forward_batch import ForwardBatch
 from shoal.engine.sampler import SamplingWork
-from shoal.ipc.messages import (AbortReq, AnyMessage, ComponentReady, ControlReply, FinishReason,
-                                FlushCacheReq, GenerateReq, ReqTokenOut, SamplingResult,
-                                SchedulerInfoReq)
+from shoal.ipc.messages import (
+    AbortReq,
+    AnyMessage,
+    ComponentReady,
+    ControlReply,
+    FinishReason,
+    FlushCacheReq,
+    GenerateReq,
+    ReqTokenOut,
+    SamplingResult,
+    SchedulerInfoReq,
+)
 from shoal.metrics.scheduler_metrics import SchedulerSnapshot, SchedulerStats
+from shoal.models.forward_batch import ForwardBatch
 from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefill import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.prefix_cache import common_prefix_len
 from shoal.scheduler.request import Req
+from shoal.scheduler.sampling import Sampling, local_sampling
 from shoal.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -42,16 +51,6 @@ class Runner(Protocol):
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         """Logits at `batch.logits_at` ([batch, vocab] by default); None on a rank that does not
         hold them (an early PP stage)."""
-
-
-# (logits or None, the step's sampling work) -> a token per request (and the logprobs asked
-# for), the same on every rank
-Sampling = Callable[[torch.Tensor | None, SamplingWork], SamplingResult]
-
-
-def local_sampling(logits: torch.Tensor | None, work: SamplingWork) -> SamplingResult:
-    assert logits is not None
-    return sampler.run(logits, work)
 
 
 @dataclass

@@ -60,7 +60,7 @@ def py_spy_dump(pid: int) -> str:
         return "py-spy is not installed; no stack dump"
     try:
         result = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                timeout=PY_SPY_TIMEOUT_S)
+                                check=False, timeout=PY_SPY_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"py-spy could not run: {exc}"
     if result.returncode != 0:

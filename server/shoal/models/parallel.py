@@ -1,14 +1,31 @@
 """Tensor- and pipeline-parallel bookkeeping: who this rank is, and the collectives it calls.
 
 A size-1 group never touches torch.distributed, so single-rank serving needs no process group.
+A collective that fails raises `PeerLost` (exit 75): gloo reports a rank that went away as a
+plain RuntimeError ("Connection closed by peer", "Connection reset by peer", a timeout), and
+c10d as a `DistError` (a RuntimeError too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from shoal.lifecycle import PeerLost
+
+
+@contextmanager
+def peer_lost_on_error(what: str) -> Iterator[None]:
+    """Wrap the collective calls (and nothing else) of a multi-rank step: their failure means a
+    peer rank is gone."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise PeerLost(f"{what}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -25,7 +42,8 @@ class ParallelGroup:
                    ) -> torch.Tensor:
         """Reduce `x` in place across the group and return it."""
         if self.size > 1:
-            dist.all_reduce(x, op=op, group=self.group)
+            with peer_lost_on_error("all_reduce"):
+                dist.all_reduce(x, op=op, group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -33,7 +51,8 @@ class ParallelGroup:
         if self.size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
+        with peer_lost_on_error("all_gather"):
+            dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
     def shard(self, total: int) -> tuple[int, int]:
