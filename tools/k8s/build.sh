@@ -6,8 +6,9 @@
 # (this script, go.mod, go.sum; recorded in build-id) present does nothing; a build prints the
 # wall time, CPU time and peak RSS of each step.
 #
-# One change to upstream: kube-apiserver is built from a copy of the k8s.io/kubernetes module
-# (the module cache stays untouched; -modfile points a copy of go.mod at it) whose
+# One change to upstream: kube-apiserver and kube-controller-manager are built from a copy of the
+# k8s.io/kubernetes module (the module cache stays untouched; -modfile points a copy of go.mod at
+# it; `go build -overlay` may not replace files in the module cache) whose
 # validation.ValidateEndpointIP accepts loopback addresses. The test cluster's pods have
 # loopback addresses (each its own 127.N.x.y, see docs/kubernetes-test-cluster.md), which the
 # API server otherwise refuses in Endpoints and EndpointSlices; nothing else changes.
@@ -64,10 +65,9 @@ STAMP="$STAMP -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION -X k8s.io
 STAMP="$STAMP -X k8s.io/client-go/pkg/version.gitMinor=$MINOR"
 mkdir -p "$OUT.partial"
 echo "building kubernetes v$K8S_VERSION binaries with $(go version) into $OUT" >&2
-timed kube-apiserver go build -trimpath -pgo=off -modfile "$WORK/go.mod" \
-  -ldflags "-s -w $STAMP" -o "$OUT.partial/" k8s.io/kubernetes/cmd/kube-apiserver
-timed kube-controller-manager go build -trimpath -pgo=off -ldflags "-s -w $STAMP" \
-  -o "$OUT.partial/" k8s.io/kubernetes/cmd/kube-controller-manager
+timed "kube-apiserver + kube-controller-manager" go build -trimpath -pgo=off \
+  -modfile "$WORK/go.mod" -ldflags "-s -w $STAMP" -o "$OUT.partial/" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
 timed etcd go build -trimpath -ldflags "-s -w" -o "$OUT.partial/etcd" go.etcd.io/etcd/server/v3
 echo "$BUILD_ID" > "$OUT.partial/build-id"
 rm -rf "$OUT" && mv "$OUT.partial" "$OUT"

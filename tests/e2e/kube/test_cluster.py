@@ -267,6 +267,7 @@ def test_pods_resolve_their_hostname_and_a_siblings_dns_name(
     create(kube, namespace, python_pod("worker", f"""\
         import json, socket, time
         names = ["{fqdn}", "leader.group", "group"]
+        own = "worker.group.{namespace}.svc.cluster.local"
         while True:  # until the leader and this pod are both behind the headless Service
             try:
                 found = {{n: sorted({{a[4][0] for a in socket.getaddrinfo(n, 80, socket.AF_INET)}})
@@ -278,7 +279,7 @@ def test_pods_resolve_their_hostname_and_a_siblings_dns_name(
             time.sleep(0.2)
         with open("/dev/termination-log", "w") as f:
             json.dump({{"hostname": socket.gethostname(), "found": found,
-                        "own": socket.gethostbyname("worker.group.{namespace}.svc.cluster.local")}}, f)
+                        "own": socket.gethostbyname(own)}}, f)
         """, hostname="worker", subdomain="group", labels={"group": "g"},
                                        restartPolicy="Never"))
     worker = wait_finished(kube, namespace, "worker")
@@ -362,6 +363,37 @@ def test_deletion_terminates_every_process_of_the_pod(
     assert "started" in kubelet.pod_log(namespace, "victim")
 
 
+def test_exec_readiness_gates_ready_and_a_failing_liveness_probe_restarts(
+        kube: DynamicClient, kubelet: KubeletHandle, namespace: str) -> None:
+    """Ready only once the exec probe passes; restarted once the tcpSocket liveness probe fails
+    (the listener closes after 3 s); the emptyDir outlives the restart."""
+    create(kube, namespace, python_pod("probed", """\
+        import os, pathlib, socket, time
+        runs = pathlib.Path("/scratch/runs")
+        runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+        print("runs", runs.read_text(), flush=True)
+        listener = socket.create_server((os.environ["POD_IP"], 9000))
+        time.sleep(1)
+        pathlib.Path("/scratch/ready").touch()
+        time.sleep(2)
+        listener.close()
+        time.sleep(600)
+        """, volumes=[{"name": "scratch", "emptyDir": {}}], container={
+        "env": [POD_IP_ENV], "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "readinessProbe": {"exec": {"command": ["cat", "/scratch/ready"]}, "periodSeconds": 1},
+        "livenessProbe": {"tcpSocket": {"port": 9000}, "periodSeconds": 1,
+                          "failureThreshold": 2}}))
+    pod = wait_pod(kube, namespace, "probed", "Ready", is_ready)
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    pod = wait_pod(kube, namespace, "probed", "restarted", lambda p: p["status"][
+        "containerStatuses"][0]["restartCount"] >= 1)
+    assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
+    wait_until(lambda: "runs xx\n" in kubelet.pod_log(namespace, "probed"), 30,
+               message="the second run did not see the first one's emptyDir")
+    events = resource(kube, "Event").get(namespace=namespace).to_dict()["items"]
+    assert any(e["reason"] == "Unhealthy" and "Liveness" in e["message"] for e in events)
+
+
 def test_a_deployments_pod_is_restarted_after_its_process_exits(
         kube: DynamicClient, kubelet: KubeletHandle, namespace: str) -> None:
     template = python_pod("worker", "import os; print('run', os.getpid(), flush=True)",
@@ -388,6 +420,8 @@ def test_a_deployments_pod_is_restarted_after_its_process_exits(
 def test_in_cluster_client_authenticates_with_its_service_account_token(
         kube: DynamicClient, namespace: str) -> None:
     create(kube, namespace, {"kind": "ServiceAccount", "metadata": {"name": "lister"}})
+    create(kube, namespace, {"kind": "ConfigMap", "metadata": {"name": "settings"},
+                             "data": {"mode": "fast"}})
     create(kube, namespace, {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "pod-lister"},
@@ -412,9 +446,13 @@ def test_in_cluster_client_authenticates_with_its_service_account_token(
             refused = e.status
         with open("/dev/termination-log", "w") as f:
             json.dump({"pods": names, "refused": refused, "namespace": namespace,
+                       "mode": open("/etc/settings/mode").read(),
                        "env": {k: os.environ[k] for k in ("MY_NAME", "MY_NAMESPACE", "MY_NODE",
                                                           "MY_ACCOUNT", "MY_UID")}}, f)
-        """, serviceAccountName="lister", restartPolicy="Never", container={"env": [
+        """, serviceAccountName="lister", restartPolicy="Never",
+        volumes=[{"name": "settings", "configMap": {"name": "settings"}}], container={
+        "volumeMounts": [{"name": "settings", "mountPath": "/etc/settings", "readOnly": True}],
+        "env": [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in (
             ("MY_NAME", "metadata.name"), ("MY_NAMESPACE", "metadata.namespace"),
             ("MY_NODE", "spec.nodeName"), ("MY_ACCOUNT", "spec.serviceAccountName"),
@@ -422,6 +460,6 @@ def test_in_cluster_client_authenticates_with_its_service_account_token(
     pod = wait_finished(kube, namespace, "client")
     assert pod["status"]["phase"] == "Succeeded", terminated(pod)
     assert json.loads(terminated(pod)["message"]) == {
-        "pods": ["client"], "refused": 403, "namespace": namespace,
+        "pods": ["client"], "refused": 403, "namespace": namespace, "mode": "fast",
         "env": {"MY_NAME": "client", "MY_NAMESPACE": namespace, "MY_NODE": "shoal-test-node",
                 "MY_ACCOUNT": "lister", "MY_UID": pod["metadata"]["uid"]}}

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-TOOLS_GO_MOD = REPO / "tools" / "k8s" / "go.mod"
+TOOLS = REPO / "tools" / "k8s"
+TOOLS_GO_MOD = TOOLS / "go.mod"
 
 
 class MissingBinaries(RuntimeError):
@@ -30,6 +32,12 @@ def kubernetes_version(go_mod: str) -> str:
     return found.group(1)
 
 
+def build_id() -> str:
+    """What tools/k8s/build.sh records in build-id: a hash of the inputs of the build."""
+    inputs = b"".join((TOOLS / name).read_bytes() for name in ("build.sh", "go.mod", "go.sum"))
+    return hashlib.sha256(inputs).hexdigest()[:16]
+
+
 def tools_dir() -> Path:
     return Path(os.environ.get("SHOAL_TOOLS_DIR", Path.home() / ".cache" / "shoal-tools"))
 
@@ -43,4 +51,8 @@ def kube_binaries() -> KubeBinaries:
     if missing:
         raise MissingBinaries(f"the test cluster's binaries are not built ({', '.join(missing)} "
                               "missing): run `make kube-tools` (tools/k8s/build.sh) once")
+    built_from = folder / "build-id"
+    if not built_from.exists() or built_from.read_text().strip() != build_id():
+        raise MissingBinaries(f"the binaries in {folder} were built from other inputs than "
+                              "tools/k8s now holds: run `make kube-tools` to rebuild them")
     return binaries

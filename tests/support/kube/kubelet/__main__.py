@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from tests.support.kube.binaries import TOOLS_GO_MOD, kubernetes_version
-from tests.support.kube.kubelet.addresses import PodAddresses, pick_network
+from tests.support.kube.kubelet.addresses import PodAddresses, claimed_network
 from tests.support.kube.kubelet.api import KubeApi
 from tests.support.kube.kubelet.container import Backoff
 from tests.support.kube.kubelet.image import HostPaths, shoal_image
@@ -38,12 +38,12 @@ def main() -> None:
     api = KubeApi(args.kubeconfig, args.state_dir / "discovery.json")
     version = f"v{kubernetes_version(TOOLS_GO_MOD.read_text())}"
     api.register_node(build_node(args.node_name, HOST_IP, version))
-    network = pick_network()
-    logging.getLogger("kubelet").info("node %s registered; pod IPs from 127.%d.0.0/16",
-                                      args.node_name, network)
-    Kubelet(api, root=args.state_dir, node_name=args.node_name, host_ip=HOST_IP,
-            addresses=PodAddresses(network), image=shoal_image(),
-            paths=HostPaths.of_this_checkout(), backoff=Backoff()).run(stop)
+    with claimed_network() as network:
+        logging.getLogger("kubelet").info("node %s registered; pod IPs from 127.%d.0.0/16",
+                                          args.node_name, network)
+        Kubelet(api, root=args.state_dir, node_name=args.node_name, host_ip=HOST_IP,
+                addresses=PodAddresses(network), image=shoal_image(),
+                paths=HostPaths.of_this_checkout(), backoff=Backoff()).run(stop)
 
 
 if __name__ == "__main__":

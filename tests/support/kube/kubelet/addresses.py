@@ -1,20 +1,28 @@
-"""Pod IPs: one loopback address per pod, from a 127.N.0.0/16 no socket on this machine uses.
+"""Pod IPs: one loopback address per pod, from a 127.N.0.0/16 of this kubelet's own.
 
-Every pod shares the host's network namespace; its servers bind its own address, so pods (and
-clusters of parallel test sessions) can use the same ports. A freed address is handed out again
-only after all the others, as a real IPAM would rarely reuse one at once.
+Every pod shares the host's network namespace; its servers bind its own address, so pods can
+use the same ports. A kubelet claims its N with a file (/tmp/shoal-kube-networks/N holding its
+pid) and takes only an N no socket on this machine is bound in, so the clusters of parallel test
+sessions never share an address. A freed pod IP is handed out again only after all the others,
+as a real IPAM would rarely reuse one at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
 import random
+import tempfile
 import threading
 from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
-FIRST_OCTET_RANGE = range(64, 255)
+SECOND_OCTETS = range(64, 255)
+CLAIMS = Path(tempfile.gettempdir()) / "shoal-kube-networks"
 
 
 def used_loopback_networks() -> set[int]:
@@ -23,11 +31,35 @@ def used_loopback_networks() -> set[int]:
             if c.laddr and c.laddr.ip.startswith("127.")}
 
 
-def pick_network() -> int:
-    free = sorted(set(FIRST_OCTET_RANGE) - used_loopback_networks())
-    if not free:
-        raise RuntimeError("every 127.N.0.0/16 for N in 64-254 has a socket bound in it")
-    return random.choice(free)
+def _claim(octet: int) -> bool:
+    """Take 127.<octet>/16 for this process unless a live process holds it."""
+    claim = CLAIMS / str(octet)
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        with contextlib.suppress(OSError, ValueError):
+            if psutil.pid_exists(int(claim.read_text())):
+                return False
+        claim.unlink(missing_ok=True)  # its kubelet is gone
+        return _claim(octet)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+@contextlib.contextmanager
+def claimed_network() -> Iterator[int]:
+    """The second octet of a 127.N.0.0/16 this process holds until the block ends."""
+    CLAIMS.mkdir(exist_ok=True)
+    free = sorted(set(SECOND_OCTETS) - used_loopback_networks())
+    random.shuffle(free)
+    octet = next((n for n in free if _claim(n)), None)
+    if octet is None:
+        raise RuntimeError("no 127.N.0.0/16 (N in 64-254) is free of sockets and claims")
+    try:
+        yield octet
+    finally:
+        (CLAIMS / str(octet)).unlink(missing_ok=True)
 
 
 class PodAddresses:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -149,7 +150,7 @@ class ContainerRunner:
         while not self._stopping.is_set():
             try:
                 spec = self._prepare()
-            except ContainerConfigError as e:
+            except (ContainerConfigError, OSError) as e:
                 self._set(state={"waiting": {"reason": "CreateContainerConfigError",
                                              "message": str(e)}})
                 self._stopping.wait(CONFIG_RETRY_S)
@@ -179,6 +180,7 @@ class ContainerRunner:
         sandbox_spec = {
             "hostname": spec.hostname, "argv": spec.argv, "env": spec.env, "cwd": spec.cwd,
             "dev_staging": str(self.directory / "dev"), "pid_file": str(pid_file),
+            "kubelet_pid": os.getpid(),
             "start_error_file": str(start_error),
             "binds": [*spec.binds, {"source": str(message_file), "target": message_path}]}
         spec_file = self.directory / "sandbox.json"

@@ -156,6 +156,7 @@ class Kubelet:
 
     def _shut_down(self) -> None:
         logger.info("stopping: %d pods", len(self._workers))
+        logging.getLogger("kubernetes.informer").setLevel(logging.CRITICAL)  # closed watches
         for informer in (self._pods, self._services, self._slices):
             informer.stop()
         for worker in self._workers.values():

@@ -74,6 +74,7 @@ class PodWorker:
         self.uid, self.key = pod["metadata"]["uid"], _key(pod)
         self._pod = pod
         self._lock = threading.Lock()
+        self._hosts_lock = threading.Lock()
         self._changed = threading.Event()
         self._stopping = threading.Event()
         self._stop_reason = ""  # deleted (graceful), gone (the object is), shutdown (kubelet's)
@@ -122,8 +123,9 @@ class PodWorker:
 
     def update_hosts(self, records: dns.Records) -> None:
         hosts = self.directory / "hosts"
-        if self.pod_ip and hosts.exists():
-            rewrite_in_place(hosts, dns.hosts_file(self.pod, self.pod_ip, records))
+        with self._hosts_lock:
+            if self.pod_ip and hosts.exists():
+                rewrite_in_place(hosts, dns.hosts_file(self.pod, self.pod_ip, records))
 
     @property
     def pod(self) -> dict[str, Any]:
@@ -159,11 +161,12 @@ class PodWorker:
                 self.ctx.root, meta["namespace"], meta["name"], uid_file.read_text()))
         self.directory.mkdir(parents=True, exist_ok=True)
         uid_file.write_text(self.uid)
-        self.pod_ip = self.ctx.addresses.allocate()
         self._start_time = rfc3339()
         (self.directory / "hostname").write_text(dns.pod_hostname(self.pod) + "\n")
-        (self.directory / "hosts").write_text(
-            dns.hosts_file(self.pod, self.pod_ip, self.ctx.records()))
+        with self._hosts_lock:
+            self.pod_ip = self.ctx.addresses.allocate()
+            (self.directory / "hosts").write_text(
+                dns.hosts_file(self.pod, self.pod_ip, self.ctx.records()))
         logger.info("pod %s: IP %s, folder %s", self.key, self.pod_ip, self.directory)
         self._publish()
 

@@ -11,8 +11,8 @@ container's supervisor:
 
 - SIGTERM, SIGINT and SIGHUP are forwarded to the container's PID 1 (which, as the init of its
   namespace, gets them only if it handles them, as in a real container);
-- when this process dies (SIGKILL from the kubelet), the kernel SIGKILLs the container's PID 1,
-  and with it every process of the namespace;
+- when this process dies (SIGKILL from the kubelet, or the kubelet died), the kernel SIGKILLs
+  the container's PID 1, and with it every process of the namespace;
 - it exits with the container's exit code, 128 + n when signal n killed it.
 
 A command that cannot start leaves its reason in the spec's start_error file and exits 128.
@@ -134,6 +134,9 @@ def supervise(child: int) -> int:
 
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the kubelet's container thread ended
+    if os.getppid() != spec["kubelet_pid"]:
+        return START_FAILED
     try:
         set_up(spec)
     except OSError as e:
