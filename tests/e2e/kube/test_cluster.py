@@ -365,8 +365,9 @@ def test_deletion_terminates_every_process_of_the_pod(
 
 def test_exec_readiness_gates_ready_and_a_failing_liveness_probe_restarts(
         kube: DynamicClient, kubelet: KubeletHandle, namespace: str) -> None:
-    """Ready only once the exec probe passes; restarted once the tcpSocket liveness probe fails
-    (the listener closes after 3 s); the emptyDir outlives the restart."""
+    """Started once the startup probe passes, Ready only once the exec probe passes; restarted
+    once the tcpSocket liveness probe fails (the listener closes after 3 s); the emptyDir
+    outlives the restart."""
     create(kube, namespace, python_pod("probed", """\
         import os, pathlib, socket, time
         runs = pathlib.Path("/scratch/runs")
@@ -380,11 +381,13 @@ def test_exec_readiness_gates_ready_and_a_failing_liveness_probe_restarts(
         time.sleep(600)
         """, volumes=[{"name": "scratch", "emptyDir": {}}], container={
         "env": [POD_IP_ENV], "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "startupProbe": {"tcpSocket": {"port": 9000}, "periodSeconds": 1},
         "readinessProbe": {"exec": {"command": ["cat", "/scratch/ready"]}, "periodSeconds": 1},
         "livenessProbe": {"tcpSocket": {"port": 9000}, "periodSeconds": 1,
                           "failureThreshold": 2}}))
     pod = wait_pod(kube, namespace, "probed", "Ready", is_ready)
-    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    status = pod["status"]["containerStatuses"][0]
+    assert (status["started"], status["restartCount"]) == (True, 0)
     pod = wait_pod(kube, namespace, "probed", "restarted", lambda p: p["status"][
         "containerStatuses"][0]["restartCount"] >= 1)
     assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137

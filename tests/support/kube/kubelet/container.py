@@ -3,6 +3,7 @@ back-off, and the status a kubelet reports for it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ logger = logging.getLogger("kubelet.container")
 SANDBOX = Path(sandbox.__file__)
 MAX_MESSAGE_BYTES = 4096
 FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048
-PID_WAIT_S = 5.0
+PID_WAIT_S = 30.0
 CONFIG_RETRY_S = 1.0
 
 
@@ -85,8 +86,7 @@ class ContainerRunner:
         self._stopping = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._probers: list[Prober] = []
-        self._readiness_after_startup: tuple[dict[str, Any] | None, ProbeTarget | None] = (
-            None, None)
+        self._after_startup: list[Prober] = []  # readiness and liveness wait for startup
         self._runs = 0
         self._state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
         self._last_state: dict[str, Any] = {}
@@ -204,8 +204,7 @@ class ContainerRunner:
             self._start_probers(spec, pid1)
         exit_code = proc.wait()
         exit_code = exit_code if exit_code >= 0 else 128 - exit_code
-        for prober in self._probers:
-            prober.stop()
+        self._stop_probers()
         terminated: dict[str, Any] = {
             "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
             "startedAt": started_at, "finishedAt": rfc3339(), "containerID": self._container_id}
@@ -229,21 +228,35 @@ class ContainerRunner:
         return None
 
     def _start_probers(self, spec: RunSpec, pid1: int) -> None:
+        """This run's probers; their results count only while this run lasts."""
         target = ProbeTarget(pod_ip=spec.pod_ip, ports=spec.ports, env=spec.env,
                              exec_prefix=("nsenter", "-t", str(pid1), "-m", "-u", "-p", "--"))
-        self._probers = [Prober(kind, probe, target, self._on_probe).start()
-                         for kind, probe in spec.probes.items()
-                         if kind != "readiness" or "startup" not in spec.probes]
-        self._readiness_after_startup = (spec.probes.get("readiness"), target)
+        report = functools.partial(self._on_probe, self._runs)
+        probers = {kind: Prober(kind, probe, target, report) for kind, probe in spec.probes.items()}
+        startup = probers.pop("startup", None)
+        with self._lock:
+            self._probers = [startup] if startup else list(probers.values())
+            self._after_startup = list(probers.values()) if startup else []
+            for prober in self._probers:
+                prober.start()
 
-    def _on_probe(self, kind: str, ok: bool, message: str) -> None:
+    def _stop_probers(self) -> None:
+        with self._lock:
+            probers, self._probers, self._after_startup = self._probers, [], []
+        for prober in probers:
+            prober.stop()
+
+    def _on_probe(self, run: int, kind: str, ok: bool, message: str) -> None:
+        with self._lock:
+            if run != self._runs or self._proc is None:
+                return  # a result about a run that has ended
         if kind == "readiness":
             self._set(ready=ok)
         elif kind == "startup" and ok:
             self._set(started=True)
-            probe, target = self._readiness_after_startup
-            if probe is not None and target is not None:
-                self._probers.append(Prober("readiness", probe, target, self._on_probe).start())
+            with self._lock:
+                for prober in self._after_startup:
+                    self._probers.append(prober.start())
         else:
             self._event("Unhealthy", f"{kind.capitalize()} probe failed: {message}", "Warning")
             self._restart_run(f"Container {self.name} failed {kind} probe, will be restarted")

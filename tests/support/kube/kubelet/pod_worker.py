@@ -302,6 +302,8 @@ class PodWorker:
         return DEFAULT_GRACE_S if grace is None else float(grace)
 
     def _event(self, reason: str, message: str, event_type: str) -> None:
+        if self._stop_reason in ("gone", "shutdown"):
+            return
         with contextlib.suppress(DynamicApiError):  # the namespace is going away, say
             self.ctx.api.record_event(self.pod, reason, message, event_type,
                                       f"kubelet/{self.ctx.node_name}", rfc3339())
