@@ -145,7 +145,9 @@ def test_custom_resource_with_status_subresource(kube_cluster: KubeCluster, kube
                   status: {type: object, properties: {phase: {type: string}}}
         """))
     kube_cluster.apply_file(crd)
-    kube_cluster.apply_file(crd)  # applying again replaces it
+    crd.write_text(crd.read_text().replace("kind: Widget}", "kind: Widget, shortNames: [wd]}"))
+    [applied] = kube_cluster.apply_file(crd)  # applying again updates it
+    assert applied["spec"]["names"]["shortNames"] == ["wd"]
     widgets = resource(kube, "Widget", "test.shoal.dev/v1")
     create(kube, namespace, {"apiVersion": "test.shoal.dev/v1", "kind": "Widget",
                              "metadata": {"name": "w"}, "spec": {"size": 2}})

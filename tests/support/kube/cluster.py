@@ -67,8 +67,9 @@ class KubeCluster:
                              cache_file=str(self.state_dir / f"discovery-{os.getpid()}.json"))
 
     def apply_file(self, path: Path, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Create or replace every object of a (multi-document) YAML file, like `kubectl apply`;
-        namespaced objects without a namespace go to `namespace` (else "default")."""
+        """Create or update every object of a (multi-document) YAML file, like `kubectl apply`
+        (server-side); namespaced objects without a namespace go to `namespace` (else
+        "default")."""
         client = self.dynamic_client()
         return [apply_manifest(client, doc, namespace) for doc in load_manifests(path)]
 

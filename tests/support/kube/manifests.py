@@ -1,4 +1,6 @@
-"""Create-or-replace of YAML manifests, as `kubectl apply` does for a whole object."""
+"""Applying YAML manifests as `kubectl apply --server-side --force-conflicts` does: the object
+is created, or updated to what the manifest says (fields this manager set before and the
+manifest no longer has are removed)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ from typing import Any
 
 import yaml
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ConflictError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from tests.support.kube.waiting import wait_until
 
 DISCOVERY_TIMEOUT_S = 30.0
+FIELD_MANAGER = "shoal-tests"
 
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:
@@ -20,7 +23,7 @@ def load_manifests(path: Path) -> list[dict[str, Any]]:
 
 def apply_manifest(client: DynamicClient, manifest: dict[str, Any],
                    namespace: str | None = None) -> dict[str, Any]:
-    """Create `manifest`, or replace the object of that name with it; the object as stored.
+    """Apply `manifest`; the object as stored.
 
     A kind that discovery does not know yet (a CRD applied a moment ago) is waited for; an
     applied CRD is waited for until it is Established."""
@@ -29,14 +32,9 @@ def apply_manifest(client: DynamicClient, manifest: dict[str, Any],
         namespace = manifest.get("metadata", {}).get("namespace") or namespace or "default"
     else:
         namespace = None
-    try:
-        stored = client.create(resource, body=manifest, namespace=namespace).to_dict()
-    except ConflictError:
-        name = manifest["metadata"]["name"]
-        current = client.get(resource, name=name, namespace=namespace)
-        body = {**manifest, "metadata": {**manifest["metadata"],
-                                         "resourceVersion": current.metadata.resourceVersion}}
-        stored = client.replace(resource, body=body, namespace=namespace).to_dict()
+    stored = client.server_side_apply(resource, body=manifest, namespace=namespace,
+                                      field_manager=FIELD_MANAGER,
+                                      force_conflicts=True).to_dict()
     if manifest["kind"] == "CustomResourceDefinition":
         wait_established(client, stored["metadata"]["name"])
     return stored

@@ -96,14 +96,11 @@ def apiserver_env(port: int) -> dict[str, str]:
 
 def _key_ref(ref: dict[str, Any], kind: str, namespace: str, lookup: Lookup) -> str | None:
     obj = lookup(kind, namespace, ref["name"])
-    data = _string_data(obj) if obj else None
-    if data is None or ref["key"] not in data:
-        if ref.get("optional"):
-            return None
-        raise ContainerConfigError(f"{kind} {namespace}/{ref['name']} has no key {ref['key']!r}"
-                                   if data is not None else f"{kind} {namespace}/{ref['name']} "
-                                   "not found")
-    return data[ref["key"]]
+    value = _string_data(obj).get(ref["key"]) if obj else None
+    if value is None and not ref.get("optional"):
+        raise ContainerConfigError(f"{kind} {namespace}/{ref['name']}: no key {ref['key']!r}"
+                                   if obj else f"{kind} {namespace}/{ref['name']} not found")
+    return value
 
 
 def _string_data(obj: dict[str, Any]) -> dict[str, str]:
