@@ -1,6 +1,6 @@
 """The image's entrypoint: run the server's components under supervisord; exit with why it ended.
 
-    entrypoint.py [shoal serve flags]      (every flag also from SHOAL_<FLAG>, DESIGN.md 3)
+    entrypoint.py [shoal serve flags]      (every flag also from SHOAL_<FLAG>; docs/contracts.md)
 
 1. Reads the server config from flags and the environment the operator injects; a config that
    cannot work ends here with 88 (`startup-failed`) and a termination message.
@@ -9,7 +9,7 @@
 3. SIGTERM/SIGINT are forwarded to supervisord as SIGTERM: a graceful drain, api first (see
    shoal.launch.supervisord), then exit 0.
 4. When a program fails, the exit listener records it and stops supervisord; this process then
-   exits with that program's exit code (DESIGN.md 4), with the termination message in place.
+   exits with that program's exit code (docs/contracts.md), with the termination message in place.
 5. Nothing is left running: as a child subreaper (and PID 1 in a container) this process adopts
    whatever outlives supervisord, kills it and reaps it.
 """

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +20,8 @@ DEFAULT_BOOTSTRAP_PORT = 8998
 
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+SchedulePolicy = Literal["fcfs", "lpm"]
+DisaggregationMode = Literal["null", "prefill", "decode"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,12 @@ class ServerArgs:
     max_total_tokens: int | None = None
     page_size: int = 1
     chunked_prefill_size: int = 2048
-    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    schedule_policy: SchedulePolicy = "fcfs"
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     watchdog_timeout: float = 300.0
     enable_rank_consensus_check: bool = False
-    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    disaggregation_mode: DisaggregationMode = "null"  # only null until PD disaggregation lands
     disaggregation_bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
     api_key: str | None = None
     enable_metrics: bool = False
@@ -69,6 +73,9 @@ class ServerArgs:
              "--max-total-tokens must be >= 16"),
             (self.max_running_requests is None or self.max_running_requests >= 1,
              "--max-running-requests must be >= 1"),
+            (self.disaggregation_mode == "null",
+             f"--disaggregation-mode {self.disaggregation_mode}: prefill/decode disaggregation "
+             "is not implemented yet; only null (a colocated server) runs"),
         ]
         for ok, message in checks:
             if not ok:
@@ -118,31 +125,26 @@ class ConfigError(ValueError):
     """A flag value that cannot work; the server refuses to start (exit 88)."""
 
 
-_CHOICES = {
-    "device": ("auto", "cpu", "cuda"),
-    "dtype": ("auto", "float32", "bfloat16", "float16"),
-    "schedule_policy": ("fcfs", "lpm"),
-    "disaggregation_mode": ("null", "prefill", "decode"),
-}
-
-
 @dataclass(frozen=True)
 class _Flag:
     name: str
-    kind: type
-    choices: tuple[str, ...] | None
+    kind: type                          # how a value is parsed: bool, int, float or str
+    choices: tuple[str, ...] | None     # a Literal's values
+
+
+def _flag(name: str, annotation: Any) -> _Flag:
+    """The flag of a `ServerArgs` field from its type: `X | None` is X, a Literal is a str with
+    choices."""
+    if isinstance(annotation, types.UnionType):
+        (annotation,) = (arg for arg in typing.get_args(annotation) if arg is not type(None))
+    if typing.get_origin(annotation) is Literal:
+        return _Flag(name, str, typing.get_args(annotation))
+    return _Flag(name, annotation, None)
 
 
 def _flags() -> list[_Flag]:
-    flags = []
-    for f in dataclasses.fields(ServerArgs):
-        annotation = str(f.type)
-        kind: type = str
-        for prefix, candidate in (("bool", bool), ("int", int), ("float", float)):
-            if annotation.startswith(prefix):
-                kind = candidate
-        flags.append(_Flag(name=f.name, kind=kind, choices=_CHOICES.get(f.name)))
-    return flags
+    hints = typing.get_type_hints(ServerArgs)
+    return [_flag(f.name, hints[f.name]) for f in dataclasses.fields(ServerArgs)]
 
 
 def env_name(field_name: str) -> str:

@@ -17,8 +17,10 @@ import httpx
 import psutil
 
 from shoal.ports import free_port
+from tests.support.generate import ask_capital_of_france
 from tests.support.load import exit_code_under_load
-from tests.support.server import RunningServer, wait_healthy
+from tests.support.server import RunningServer, exit_code_after_sigkill, wait_healthy
+from tests.support.termination import termination_message
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "image" / "entrypoint.py"
@@ -56,10 +58,6 @@ def _left_running(procs: list[psutil.Process]) -> list[psutil.Process]:
     return left
 
 
-def _termination(tmp_path: Path) -> dict:
-    return json.loads((tmp_path / "termination-log").read_text().splitlines()[0])
-
-
 def _stream_completion(base_url: str, max_tokens: int, first_chunk: threading.Event,
                        result: dict) -> None:
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
@@ -87,11 +85,7 @@ def test_serves_under_supervisord_and_drains_on_sigterm(tmp_path: Path) -> None:
         assert set(components) == TITLES  # exactly one scheduler per rank
         assert any("exit_listener.py" in " ".join(p.cmdline()) for p in tree)
 
-        r = httpx.post(server.base_url + "/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "temperature": 0, "max_tokens": 40})
-        assert r.status_code == 200, r.text
-        assert "Paris" in r.json()["choices"][0]["message"]["content"]
+        assert "Paris" in ask_capital_of_france(server.base_url)
 
         first_chunk, result = threading.Event(), {}
         client = threading.Thread(target=_stream_completion,
@@ -121,18 +115,14 @@ def test_sigkill_of_a_rank_ends_the_entrypoint_with_its_code(tmp_path: Path) -> 
     try:
         tree = _tree(server)
         victim = next(p for p in tree if p.cmdline()[0].strip() == "shoal::scheduler_TP1")
-        victim.send_signal(signal.SIGKILL)
-        started = time.monotonic()
-        code = server.proc.wait(timeout=10)
-        assert time.monotonic() - started < 10
+        code = exit_code_after_sigkill(server, victim.pid)
     finally:
         server.stop()
     assert code == 128 + signal.SIGKILL
     assert not _left_running(tree)
-    message = _termination(tmp_path)
-    assert (message["component"], message["rank"], message["exit_code"]) == (
-        "scheduler_TP1", 1, 137)
-    assert "SIGKILL" in message["detail"]
+    message = termination_message(tmp_path / "termination-log")
+    assert (message.component, message.rank, message.exit_code) == ("scheduler_TP1", 1, 137)
+    assert "SIGKILL" in message.detail
 
 
 def test_hung_rank_trips_the_watchdog_and_the_entrypoint_exits_86(tmp_path: Path) -> None:
@@ -142,6 +132,6 @@ def test_hung_rank_trips_the_watchdog_and_the_entrypoint_exits_86(tmp_path: Path
     code = exit_code_under_load(server, timeout=60)
     assert code == 86
     assert not _left_running(tree)
-    message = _termination(tmp_path)
-    assert (message["reason"], message["exit_code"]) == ("watchdog", 86)
-    assert message["component"].startswith("scheduler_TP")
+    message = termination_message(tmp_path / "termination-log")
+    assert (message.reason, message.exit_code) == ("watchdog", 86)
+    assert message.component.startswith("scheduler_TP")

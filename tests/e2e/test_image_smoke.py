@@ -19,9 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from openai import OpenAI
 
 from shoal.ports import free_port
+from tests.support.generate import ask_capital_of_france
+from tests.support.termination import termination_message
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.image_smoke
 
@@ -91,14 +93,15 @@ def run_container(image: str, tmp_path: Path) -> Iterator:
 
 def _wait_healthy(container: Container) -> None:
     """Docker's HEALTHCHECK (image/healthcheck.py on /health) must say healthy."""
-    deadline = time.monotonic() + HEALTHY_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if container.state(".State.Status") != "running":
             pytest.fail(f"container stopped during startup:\n{container.logs()}")
-        if container.state(".State.Health.Status") == "healthy":
-            return
-        time.sleep(1)
-    pytest.fail(f"container not healthy after {HEALTHY_TIMEOUT_S}s:\n{container.logs()}")
+        return container.state(".State.Health.Status") == "healthy"
+
+    try:
+        wait_until(healthy, HEALTHY_TIMEOUT_S, "docker reports the container healthy", interval=1)
+    except TimeoutError as exc:
+        pytest.fail(f"{exc}:\n{container.logs()}")
 
 
 def test_serves_then_exits_with_the_killed_schedulers_code(run_container) -> None:
@@ -111,11 +114,7 @@ def test_serves_then_exits_with_the_killed_schedulers_code(run_container) -> Non
     assert {uid for _, uid, _ in processes} == {SHOAL_UID}  # nothing runs as root
     assert "image/entrypoint.py" in next(cmd for pid, _, cmd in processes if pid == 1)
 
-    client = OpenAI(base_url=container.base_url + "/v1", api_key="unused", max_retries=0)
-    reply = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", temperature=0, max_tokens=40,
-        messages=[{"role": "user", "content": "What is the capital of France?"}])
-    assert "Paris" in (reply.choices[0].message.content or "")
+    assert "Paris" in ask_capital_of_france(container.base_url)
 
     victim = next(pid for pid, _, cmd in processes if cmd == "shoal::scheduler_TP1")
     docker("exec", container.name, "python", "-c", f"import os; os.kill({victim}, 9)")
@@ -123,10 +122,9 @@ def test_serves_then_exits_with_the_killed_schedulers_code(run_container) -> Non
     code = int(docker("wait", container.name, timeout=30).stdout.strip())
     assert time.monotonic() - started < 10
     assert code == 137 == int(container.state(".State.ExitCode"))
-    message = json.loads(container.termination_log.read_text())
-    assert (message["component"], message["rank"], message["exit_code"]) == (
-        "scheduler_TP1", 1, 137)
-    assert "killed by SIGKILL" in message["detail"]
+    message = termination_message(container.termination_log)
+    assert (message.component, message.rank, message.exit_code) == ("scheduler_TP1", 1, 137)
+    assert "killed by SIGKILL" in message.detail
 
 
 def test_docker_stop_drains_in_flight_requests_and_exits_zero(run_container) -> None:
@@ -141,10 +139,9 @@ def test_docker_stop_drains_in_flight_requests_and_exits_zero(run_container) -> 
 
     client = threading.Thread(target=generate)
     client.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(container.base_url + "/server_info").json()["num_running_requests"] == 0:
-        assert time.monotonic() < deadline, "the request never reached the server"
-        time.sleep(0.05)
+    wait_until(lambda: httpx.get(container.base_url + "/server_info").json()[
+        "num_running_requests"] > 0, timeout=30, what="the request reaches the server",
+        interval=0.05)
     stop = docker("stop", "--time", "60", container.name, timeout=90)
     client.join(timeout=30)
     assert stop.returncode == 0

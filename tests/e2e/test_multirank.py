@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 import signal
 import time
@@ -14,45 +12,23 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerBase
 
 from shoal.ports import free_port
+from tests.support.generate import PROMPTS, ask_capital_of_france, greedy_outputs
 from tests.support.load import exit_code_under_load
 from tests.support.reference import assert_same_or_tie
 from tests.support.server import (
     RunningServer,
+    exit_code_after_sigkill,
     kill_tree,
     shoal_processes,
     start_server,
     wait_healthy,
 )
+from tests.support.termination import termination_message
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "Once upon a time, in a small village,",
-    "1, 2, 3, 4, 5,",
-    "The three primary colors are",
-    "Q: What is photosynthesis?\nA:",
-    "import numpy as np\nx = np.",
-    "My favourite season is",
-]
 NEW_TOKENS = 32
-
-
-async def _generate(base_url: str, prompts: list[list[int]], max_new: int = NEW_TOKENS
-                    ) -> list[list[int]]:
-    async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
-        async def one(ids: list[int]) -> list[int]:
-            r = await client.post("/generate", json={"input_ids": ids, "sampling_params": {
-                "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}})
-            r.raise_for_status()
-            return r.json()["output_ids"]
-        return list(await asyncio.gather(*(one(p) for p in prompts)))
-
-
-def _termination(path: Path) -> dict:
-    return json.loads(path.read_text().splitlines()[0])
 
 
 def _log_time(line: str) -> datetime:
@@ -60,14 +36,13 @@ def _log_time(line: str) -> datetime:
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(model_path: str) -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+def prompt_ids(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     return [tokenizer.encode(p) for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")
 def tp1_outputs(default_server: RunningServer, prompt_ids: list[list[int]]) -> list[list[int]]:
-    return asyncio.run(_generate(default_server.base_url, prompt_ids))
+    return greedy_outputs(default_server.base_url, prompt_ids, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("flags,titles", [
@@ -83,7 +58,7 @@ def test_parallel_greedy_equals_tp1(tmp_path: Path, model_path: str, flags: tupl
     try:
         schedulers = {t for t in server.component_pids() if t.startswith("shoal::scheduler")}
         assert schedulers == titles
-        outputs = asyncio.run(_generate(server.base_url, prompt_ids))
+        outputs = greedy_outputs(server.base_url, prompt_ids, NEW_TOKENS)
     finally:
         server.stop()
     for ids, expected, got in zip(prompt_ids, tp1_outputs, outputs):
@@ -102,10 +77,7 @@ def test_two_nodes_form_one_server(tmp_path: Path) -> None:
                                                "shoal::scheduler_TP0"}
         assert set(node1.component_pids()) == {"shoal::scheduler_TP1"}
         assert httpx.get(node1.base_url + "/health", timeout=5).status_code == 200
-        r = httpx.post(node0.base_url + "/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "temperature": 0, "max_tokens": 20})
-        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+        assert "Paris" in ask_capital_of_france(node0.base_url, max_tokens=20)
     finally:
         node0.stop()
         node1.stop()
@@ -125,9 +97,9 @@ def test_hung_rank_trips_the_watchdog(tmp_path: Path) -> None:
     assert "Scheduler watchdog timeout on rank 1" in text
     assert "running batch:" in text and "forward passes" in text
     assert re.search(r"stacks:\n(Process \d+|py-spy)", text)
-    message = _termination(log)
-    assert message["reason"] == "watchdog" and message["exit_code"] == 86
-    assert message["rank"] in (0, 1) and message["component"].startswith("scheduler_TP")
+    message = termination_message(log)
+    assert message.reason == "watchdog" and message.exit_code == 86
+    assert message.rank in (0, 1) and message.component.startswith("scheduler_TP")
 
 
 def test_diverging_rank_fails_the_consensus_check(tmp_path: Path) -> None:
@@ -144,8 +116,8 @@ def test_diverging_rank_fails_the_consensus_check(tmp_path: Path) -> None:
         failed = next(_log_time(ln) for ln in lines
                       if f"rank consensus check failed on rank {rank}" in ln)
         assert (failed - injected).total_seconds() < 5
-    message = _termination(log)
-    assert message["reason"] == "consensus" and message["exit_code"] == 87
+    message = termination_message(log)
+    assert message.reason == "consensus" and message.exit_code == 87
 
 
 def test_consensus_check_is_quiet_without_a_fault(tmp_path: Path) -> None:
@@ -178,14 +150,11 @@ def test_sigkill_of_any_process_of_a_tp2_server(tmp_path: Path, victim: str) -> 
                           env={"SHOAL_TERMINATION_LOG": str(log)})
     try:
         pids = server.component_pids()
-        os.kill(pids[f"shoal::{victim}"], signal.SIGKILL)
-        started = time.monotonic()
-        code = server.proc.wait(timeout=10)
-        assert time.monotonic() - started < 10
+        code = exit_code_after_sigkill(server, pids[f"shoal::{victim}"])
     finally:
         kill_tree(server.proc.pid)
     assert code == 128 + signal.SIGKILL
     assert not [p for p in shoal_processes() if p.pid in pids.values()
                 and p.status() != psutil.STATUS_ZOMBIE]
-    message = _termination(log)
-    assert message["component"] == victim and message["exit_code"] == code
+    message = termination_message(log)
+    assert message.component == victim and message.exit_code == code

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.support.server import RunningServer, shoal_processes, start_server
+from tests.support.generate import ask_capital_of_france
+from tests.support.server import (
+    RunningServer,
+    exit_code_after_sigkill,
+    shoal_processes,
+    start_server,
+)
+from tests.support.termination import termination_message
 
 TITLES = {"shoal::api", "shoal::detokenizer", "shoal::scheduler_TP0"}
 
 
 def test_answers_capital_of_france(default_server: RunningServer) -> None:
-    r = httpx.post(default_server.base_url + "/v1/chat/completions", timeout=120, json={
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
-        "temperature": 0, "max_tokens": 40})
-    assert r.status_code == 200, r.text
-    assert "Paris" in r.json()["choices"][0]["message"]["content"]
+    assert "Paris" in ask_capital_of_france(default_server.base_url)
 
 
 def test_ps_shows_one_process_per_component(default_server: RunningServer) -> None:
@@ -41,18 +42,14 @@ def test_sigkill_of_any_component_ends_the_server(tmp_path: Path, victim: str) -
     server = start_server(tmp_path, env={"SHOAL_TERMINATION_LOG": str(termination_log)})
     try:
         pids = server.component_pids()
-        os.kill(pids[victim], signal.SIGKILL)
-        started = time.monotonic()
-        code = server.proc.wait(timeout=10)
-        assert time.monotonic() - started < 10
-        assert code != 0
+        code = exit_code_after_sigkill(server, pids[victim])
         for pid in pids.values():
             assert (not psutil.pid_exists(pid)
                     or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
         assert not [p for p in shoal_processes() if p.pid in pids.values()]
-        message = json.loads(termination_log.read_text())
-        assert message["component"] == victim.removeprefix("shoal::")
-        assert message["exit_code"] == code == 128 + signal.SIGKILL
+        message = termination_message(termination_log)
+        assert message.component == victim.removeprefix("shoal::")
+        assert message.exit_code == code == 128 + signal.SIGKILL
     finally:
         server.stop()
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 from openai import OpenAI
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from tests.support.reference import reference_model
 from tests.support.server import RunningServer
@@ -20,24 +20,14 @@ PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
 @pytest.fixture(scope="module")
-def client(default_server: RunningServer) -> OpenAI:
-    return OpenAI(base_url=default_server.openai_url, api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client: OpenAI) -> str:
-    return client.models.list().data[0].id
+def model(openai_client: OpenAI) -> str:
+    return openai_client.models.list().data[0].id
 
 
 @pytest.fixture(scope="module")
 def http(default_server: RunningServer) -> httpx.Client:
-    with httpx.Client(base_url=default_server.base_url, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_path: str) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(model_path)
+    with httpx.Client(base_url=default_server.base_url, timeout=120) as http_client:
+        yield http_client
 
 
 @torch.inference_mode()
@@ -74,7 +64,7 @@ def test_native_logprobs_match_transformers(http: httpx.Client, model_path: str,
         assert [t[0] for t in top] == pytest.approx(ref_top.values.tolist(), abs=TOLERANCE)
 
 
-def test_completion_logprobs_with_echo_match_transformers(client: OpenAI, model: str,
+def test_completion_logprobs_with_echo_match_transformers(openai_client: OpenAI, model: str,
                                                           http: httpx.Client, model_path: str,
                                                           tokenizer: PreTrainedTokenizerBase
                                                           ) -> None:
@@ -82,8 +72,8 @@ def test_completion_logprobs_with_echo_match_transformers(client: OpenAI, model:
     output = generate(http, {"input_ids": prompt, "sampling_params": {
         "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})["output_ids"]
     ref = reference_logprobs(model_path, prompt + output)
-    r = client.completions.create(prompt=prompt, max_tokens=6, temperature=0, echo=True,
-                                  logprobs=3, model=model, extra_body={"ignore_eos": True})
+    r = openai_client.completions.create(prompt=prompt, max_tokens=6, temperature=0, echo=True,
+                                         logprobs=3, model=model, extra_body={"ignore_eos": True})
     lp = r.choices[0].logprobs
     ids = prompt + output
     assert r.choices[0].text.startswith(PROMPT) and len(lp.tokens) == len(ids)
@@ -97,10 +87,10 @@ def test_completion_logprobs_with_echo_match_transformers(client: OpenAI, model:
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
 
 
-def test_chat_top_logprobs(client: OpenAI, model: str) -> None:
+def test_chat_top_logprobs(openai_client: OpenAI, model: str) -> None:
     messages = [{"role": "user", "content": "Name a color."}]
-    r = client.chat.completions.create(model=model, messages=messages, max_tokens=6,
-                                       temperature=0, logprobs=True, top_logprobs=3)
+    r = openai_client.chat.completions.create(model=model, messages=messages, max_tokens=6,
+                                              temperature=0, logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
     assert "".join(t.token for t in content).startswith(r.choices[0].message.content)
@@ -112,17 +102,17 @@ def test_chat_top_logprobs(client: OpenAI, model: str) -> None:
         assert token.top_logprobs[0].token == token.token
 
 
-def test_n_choices(client: OpenAI, model: str) -> None:
+def test_n_choices(openai_client: OpenAI, model: str) -> None:
     kwargs = {"model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0, "seed": 5,
               "extra_body": {"ignore_eos": True}}
-    r = client.completions.create(n=3, **kwargs)
+    r = openai_client.completions.create(n=3, **kwargs)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert len({c.text for c in r.choices}) > 1  # each choice has its own seed
-    single = client.completions.create(n=1, **kwargs)
+    single = openai_client.completions.create(n=1, **kwargs)
     assert r.usage.prompt_tokens == single.usage.prompt_tokens
     assert r.usage.completion_tokens == 18 and r.choices[0].text == single.choices[0].text
-    chunks = list(client.completions.create(n=3, stream=True,
-                                            stream_options={"include_usage": True}, **kwargs))
+    chunks = list(openai_client.completions.create(
+        n=3, stream=True, stream_options={"include_usage": True}, **kwargs))
     texts = {i: "" for i in range(3)}
     finishes = {i: 0 for i in range(3)}
     for chunk in chunks[:-1]:
@@ -134,21 +124,21 @@ def test_n_choices(client: OpenAI, model: str) -> None:
     assert chunks[-1].usage.completion_tokens == 18 and chunks[-1].choices == []
 
 
-def test_min_tokens_holds_eos_back(client: OpenAI, model: str,
+def test_min_tokens_holds_eos_back(openai_client: OpenAI, model: str,
                                    tokenizer: PreTrainedTokenizerBase) -> None:
     eos = tokenizer.eos_token_id
-    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0,
-                                  logit_bias={str(eos): 100},
-                                  extra_body={"min_tokens": 5, "ignore_eos": False})
+    r = openai_client.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0,
+                                         logit_bias={str(eos): 100},
+                                         extra_body={"min_tokens": 5, "ignore_eos": False})
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens == 6  # five tokens, then the EOS the bias forces
 
 
-def test_logit_bias_forces_a_token(client: OpenAI, model: str,
+def test_logit_bias_forces_a_token(openai_client: OpenAI, model: str,
                                    tokenizer: PreTrainedTokenizerBase) -> None:
     (banana,) = tokenizer.encode(" banana")
-    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0,
-                                  logit_bias={str(banana): 100})
+    r = openai_client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0,
+                                         logit_bias={str(banana): 100})
     assert r.choices[0].text == " banana" * 4
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.server import RunningServer
+from tests.support.wait import wait_until
 
 NUM_REQUESTS = 12
 NEW_TOKENS = 6
@@ -36,14 +36,15 @@ async def load(base_url: str) -> int:
         return sum(await asyncio.gather(*(one(i) for i in range(NUM_REQUESTS))))
 
 
+def _idle(metrics: dict[str, float]) -> dict[str, float] | None:
+    return metrics if metrics.get("shoal:num_running_reqs", 1) == 0 else None
+
+
 def test_metrics_after_a_load(default_server: RunningServer) -> None:
     before = scrape(default_server.base_url)
     generated = asyncio.run(load(default_server.base_url))
-    deadline = time.monotonic() + 10
-    after = scrape(default_server.base_url)
-    while after.get("shoal:num_running_reqs", 1) != 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        after = scrape(default_server.base_url)
+    after = wait_until(lambda: _idle(scrape(default_server.base_url)), timeout=10,
+                       what="the gauges report no running request", interval=0.2)
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

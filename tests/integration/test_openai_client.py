@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import pytest
 from openai import OpenAI
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
-from tests.support.server import RunningServer
+from transformers import PreTrainedTokenizerBase
 
 MESSAGES = [{"role": "user", "content": "Write a short poem about the sea."}]
+ALPHABET = "The alphabet: A, B, C, D, E,"
 
 
 @pytest.fixture(scope="module")
-def client(default_server: RunningServer) -> OpenAI:
-    return OpenAI(base_url=default_server.openai_url, api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_path: str) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(model_path)
-
-
-@pytest.fixture(scope="module")
-def model_name(client: OpenAI) -> str:
-    models = client.models.list().data
+def model_name(openai_client: OpenAI) -> str:
+    models = openai_client.models.list().data
     assert len(models) == 1
     return models[0].id
 
@@ -34,10 +23,10 @@ def chat_prompt_tokens(tokenizer: PreTrainedTokenizerBase, messages: list[dict])
     return len(encoded["input_ids"])
 
 
-def test_chat_usage_and_length_finish(client: OpenAI, model_name: str,
+def test_chat_usage_and_length_finish(openai_client: OpenAI, model_name: str,
                                       tokenizer: PreTrainedTokenizerBase) -> None:
-    r = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=12,
-                                       temperature=0, extra_body={"ignore_eos": True})
+    r = openai_client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=12,
+                                              temperature=0, extra_body={"ignore_eos": True})
     choice = r.choices[0]
     assert choice.finish_reason == "length"
     assert choice.message.role == "assistant" and choice.message.content
@@ -46,21 +35,21 @@ def test_chat_usage_and_length_finish(client: OpenAI, model_name: str,
     assert r.usage.total_tokens == r.usage.prompt_tokens + 12
 
 
-def test_chat_stops_at_eos(client: OpenAI, model_name: str) -> None:
-    r = client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Say hello."}],
-        max_tokens=200, temperature=0)
+def test_chat_stops_at_eos(openai_client: OpenAI, model_name: str) -> None:
+    r = openai_client.chat.completions.create(
+               model=model_name, messages=[{"role": "user", "content": "Say hello."}],
+               max_tokens=200, temperature=0)
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens < 200
     assert "<|im_end|>" not in r.choices[0].message.content
 
 
-def test_chat_streaming_matches_non_streaming(client: OpenAI, model_name: str) -> None:
-    full = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=30,
-                                          temperature=0)
-    stream = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=30,
-                                            temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+def test_chat_streaming_matches_non_streaming(openai_client: OpenAI, model_name: str) -> None:
+    full = openai_client.chat.completions.create(model=model_name, messages=MESSAGES,
+                                                 max_tokens=30, temperature=0)
+    stream = openai_client.chat.completions.create(model=model_name, messages=MESSAGES,
+                                                   max_tokens=30, temperature=0, stream=True,
+                                                   stream_options={"include_usage": True})
     chunks = list(stream)
     content_chunks = [c for c in chunks if c.choices]
     assert content_chunks[0].choices[0].delta.role == "assistant"
@@ -74,17 +63,17 @@ def test_chat_streaming_matches_non_streaming(client: OpenAI, model_name: str) -
     assert usage_chunks[0].usage.prompt_tokens == full.usage.prompt_tokens
 
 
-def test_stop_strings_are_honored_and_trimmed(client: OpenAI, model_name: str) -> None:
-    base = client.completions.create(model=model_name, prompt="The alphabet: A, B, C, D, E,",
-                                     max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+def test_stop_strings_are_honored_and_trimmed(openai_client: OpenAI, model_name: str) -> None:
+    base = openai_client.completions.create(model=model_name, prompt=ALPHABET, max_tokens=24,
+                                            temperature=0, extra_body={"ignore_eos": True})
     text = base.choices[0].text
     stop = text[6:9]
     assert len(stop.strip()) > 0
     expected = text[:text.index(stop)]
     for stream in (False, True):
-        r = client.completions.create(model=model_name, prompt="The alphabet: A, B, C, D, E,",
-                                      max_tokens=24, temperature=0, stop=[stop, "zzzz"],
-                                      stream=stream)
+        r = openai_client.completions.create(model=model_name, prompt=ALPHABET,
+                                             max_tokens=24, temperature=0, stop=[stop, "zzzz"],
+                                             stream=stream)
         if stream:
             parts = list(r)
             got = "".join(p.choices[0].text for p in parts if p.choices)
@@ -96,10 +85,10 @@ def test_stop_strings_are_honored_and_trimmed(client: OpenAI, model_name: str) -
         assert reasons == ["stop"]
 
 
-def test_seed_reproduces_sampling(client: OpenAI, model_name: str) -> None:
+def test_seed_reproduces_sampling(openai_client: OpenAI, model_name: str) -> None:
     def sample(seed: int) -> str:
-        r = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=24,
-                                           temperature=1.0, seed=seed)
+        r = openai_client.chat.completions.create(model=model_name, messages=MESSAGES,
+                                                  max_tokens=24, temperature=1.0, seed=seed)
         return r.choices[0].message.content
 
     first = sample(1234)
@@ -107,17 +96,17 @@ def test_seed_reproduces_sampling(client: OpenAI, model_name: str) -> None:
     assert len({first, sample(1), sample(2)}) > 1
 
 
-def test_completions_streaming_and_usage(client: OpenAI, model_name: str,
+def test_completions_streaming_and_usage(openai_client: OpenAI, model_name: str,
                                          tokenizer: PreTrainedTokenizerBase) -> None:
     prompt = "The capital of Italy is"
-    full = client.completions.create(model=model_name, prompt=prompt, max_tokens=8,
-                                     temperature=0, extra_body={"ignore_eos": True})
+    full = openai_client.completions.create(model=model_name, prompt=prompt, max_tokens=8,
+                                            temperature=0, extra_body={"ignore_eos": True})
     assert full.usage.prompt_tokens == len(tokenizer.encode(prompt))
     assert full.usage.completion_tokens == 8 and full.choices[0].finish_reason == "length"
-    parts = list(client.completions.create(model=model_name, prompt=prompt, max_tokens=8,
-                                           temperature=0, stream=True,
-                                           stream_options={"include_usage": True},
-                                           extra_body={"ignore_eos": True}))
+    parts = list(openai_client.completions.create(model=model_name, prompt=prompt, max_tokens=8,
+                                                  temperature=0, stream=True,
+                                                  stream_options={"include_usage": True},
+                                                  extra_body={"ignore_eos": True}))
     text = "".join(p.choices[0].text for p in parts if p.choices)
     assert text == full.choices[0].text
     finishes = [p.choices[0].finish_reason for p in parts
@@ -126,5 +115,5 @@ def test_completions_streaming_and_usage(client: OpenAI, model_name: str,
     assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 8
 
 
-def test_model_listing(client: OpenAI, model_name: str) -> None:
-    assert client.models.retrieve(model_name).id == model_name
+def test_model_listing(openai_client: OpenAI, model_name: str) -> None:
+    assert openai_client.models.retrieve(model_name).id == model_name

@@ -15,6 +15,7 @@ import httpx
 import psutil
 
 from shoal.ports import free_port
+from tests.support.wait import wait_until
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -80,18 +81,31 @@ def start_server(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None,
 
 
 def wait_healthy(server: RunningServer, timeout: float = STARTUP_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    server.stop()
-    raise TimeoutError(f"server not healthy after {timeout}s:\n{server.log()}")
+    try:
+        wait_until(lambda: _is_healthy(server), timeout, "the server answers /health with 200",
+                   interval=0.5)
+    except TimeoutError as exc:
+        server.stop()
+        raise TimeoutError(f"{exc}:\n{server.log()}") from None
+
+
+def _is_healthy(server: RunningServer) -> bool:
+    if server.proc.poll() is not None:
+        raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()}")
+    try:
+        return httpx.get(server.base_url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def exit_code_after_sigkill(server: RunningServer, pid: int, within_s: float = 10.0) -> int:
+    """SIGKILL one process of `server` (a component); the server's exit code, which must come
+    within `within_s` seconds."""
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    code = server.proc.wait(timeout=within_s)
+    assert time.monotonic() - started < within_s
+    return code
 
 
 def shoal_processes() -> list[psutil.Process]:

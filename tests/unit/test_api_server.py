@@ -1,7 +1,7 @@
 """The api process end to end over real HTTP: uvicorn + TokenizerManager + a fake engine.
 
-Driven with the official `openai` client and httpx; the fake engine (fake_engine.py) plays the
-scheduler and detokenizer over the real ZMQ sockets.
+Driven with the official `openai` client and httpx; the fake engine (tests/support/fake_engine.py)
+plays the scheduler and detokenizer over the real ZMQ sockets.
 """
 
 from __future__ import annotations
@@ -9,21 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-import time
 
 import httpx
 import openai
 import pytest
 import zmq
 
-from shoal import model_store
 from shoal.api.http_server import create_app
 from shoal.api.tokenizer_manager import TokenizerManager
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.ipc import sockets
 from shoal.ipc.messages import AbortReq, BatchStrOut, ReqStrOut
-from shoal.tokenizer import load_tokenizer
-from tests.unit.fake_engine import (
+from tests.support.fake_engine import (
     ABORT_SEED,
     EOS_ID,
     WORD_IDS,
@@ -32,6 +29,7 @@ from tests.unit.fake_engine import (
     ServerThread,
     fake_logprob,
 )
+from tests.support.wait import wait_until
 
 MODEL = "smol-test"
 CONTEXT = 4096
@@ -40,21 +38,15 @@ FULL_TEXT = "".join(WORDS)
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(str(model_store.prepare()))
-
-
 def start_server(tokenizer, api_key=None, send_ready=True):
     run_dir = tempfile.mkdtemp(prefix="shoal-api-")
     args = ServerArgs(served_model_name=MODEL, api_key=api_key)
     tm = TokenizerManager(args, ComponentArgs(run_dir=run_dir), tokenizer, disconnect_poll_s=0.05)
     engine = FakeEngine(run_dir, context_length=CONTEXT, send_ready=send_ready).start()
     server = ServerThread(create_app(args, tm)).start()
-    deadline = time.monotonic() + 5
-    while send_ready and not tm.is_ready:
-        assert time.monotonic() < deadline, "api never saw the components ready"
-        time.sleep(0.01)
+    if send_ready:
+        wait_until(lambda: tm.is_ready, timeout=5, what="the api sees the components ready",
+                   interval=0.01)
     return server, engine, tm
 
 
@@ -515,15 +507,6 @@ def test_engine_abort_is_a_500(url):
 LONG = 2000  # tokens: 10 s of fake generation, far longer than any disconnect takes to notice
 
 
-def wait_for(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_stream_disconnect_aborts_request(url, engine, served):
     tm = served[2]
     body = {"messages": MESSAGES, "stream": True, "max_tokens": LONG, "ignore_eos": True}
@@ -531,7 +514,8 @@ def test_stream_disconnect_aborts_request(url, engine, served):
         lines = response.iter_lines()
         first = [next(lines) for _ in range(6)]
     rid = json.loads(first[0].removeprefix("data: "))["id"].removeprefix("chatcmpl-")
-    assert wait_for(lambda: rid in engine.aborted_rids()), "no AbortReq after the disconnect"
+    wait_until(lambda: rid in engine.aborted_rids(), timeout=5,
+               what="an AbortReq after the disconnect", interval=0.02)
     assert rid not in tm.rid_to_state
 
 
@@ -541,9 +525,11 @@ def test_non_stream_disconnect_aborts_request(url, engine, served):
     body = {"input_ids": [4], "sampling_params": {"max_new_tokens": LONG, "ignore_eos": True}}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/generate", json=body, timeout=0.3)
-    assert wait_for(lambda: len(set(engine.generate_reqs()) - before) == 1)
+    wait_until(lambda: len(set(engine.generate_reqs()) - before) == 1, timeout=5,
+               what="the request reaches the engine", interval=0.02)
     rid = (set(engine.generate_reqs()) - before).pop()
-    assert wait_for(lambda: rid in engine.aborted_rids()), "no AbortReq after the disconnect"
+    wait_until(lambda: rid in engine.aborted_rids(), timeout=5,
+               what="an AbortReq after the disconnect", interval=0.02)
     assert rid not in tm.rid_to_state
 
 
@@ -561,7 +547,8 @@ def test_abort_request_route(url, engine, served):
             return await pending
 
     assert_openai_error(asyncio.run(run()), 500)
-    assert wait_for(lambda: "my-rid" in engine.aborted_rids())
+    wait_until(lambda: "my-rid" in engine.aborted_rids(), timeout=5,
+               what="an AbortReq for my-rid", interval=0.02)
 
 
 # ---- api key and readiness -----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from shoal.bench.datasets import PromptMaker, load_tokenizer, random_prompts, sh
 from shoal.bench.serving import poisson_gaps
 from shoal.cli import main
 from shoal.ports import free_port
-from tests.unit.fake_engine import ServerThread
+from tests.support.fake_engine import ServerThread
 
 TTFT_S = 0.2
 ITL_S = 0.05

@@ -11,7 +11,6 @@ import zmq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from shoal import model_store
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.detokenizer.incremental import REPLACEMENT_CHAR, IncrementalDetokenizer
 from shoal.detokenizer.process import run_detokenizer
@@ -23,7 +22,6 @@ from shoal.ipc.messages import (
     ReqTokenOut,
 )
 from shoal.ipc.sockets import Endpoints, pull_socket, push_socket, recv, send
-from shoal.tokenizer import load_tokenizer
 
 TEXTS = [
     "Hello, world! Ça va? Les élèves étaient très enthousiastes, naïve façade, straße.",
@@ -34,16 +32,6 @@ TEXTS = [
     "Combining e\u0301 and math ∑∏√∫≈ with arrows →⇒ and box ┌─┐.",
 ]
 LENGTH = FinishReason(kind="length")
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    return str(model_store.prepare())
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_path: str) -> PreTrainedTokenizerBase:
-    return load_tokenizer(model_path)
 
 
 def out(rid: str, new_ids: list[int], finish: FinishReason | None = None,

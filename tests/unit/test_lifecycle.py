@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from shoal import lifecycle
 from shoal.lifecycle import (
     PEER_LOST_GRACE_S,
+    SUPERVISORD_FATAL,
+    ExitCode,
     FirstFailure,
     Reason,
     Termination,
@@ -113,3 +116,20 @@ def test_peer_lost_never_shadows_the_real_failure(log: Path) -> None:
     assert not write_termination_message(_end(Reason.PEER_LOST, "scheduler_TP0", 0, 75, "again"))
     message = parse_termination_message(log.read_text())
     assert message is not None and message.component == "scheduler_TP1"
+
+
+def test_a_component_started_after_its_parent_died_is_peer_lost(
+        log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(lifecycle, "set_parent_death_signal", lambda sig: None)
+    monkeypatch.setattr(lifecycle.os, "getppid", lambda: 1)  # re-parented to init
+    monkeypatch.setattr(lifecycle, "exit_process", exits.append)
+    lifecycle.die_with_parent("scheduler_TP1", 1)
+    assert exits == [ExitCode.PEER_LOST]
+    message = parse_termination_message(log.read_text())
+    assert message is not None and (message.reason, message.rank) == (Reason.PEER_LOST, 1)
+
+
+def test_supervisord_fatal_is_a_startup_failure() -> None:
+    end = classify_exit(None, component="api", platform_reason=SUPERVISORD_FATAL)
+    assert (end.reason, end.exit_code) == (Reason.STARTUP_FAILED, ExitCode.STARTUP_FAILED)

@@ -78,13 +78,13 @@ def _load_hf(path: Path) -> Any:
 
 @dataclass
 class _Request:
-    row: int
+    req_pool_idx: int
     tokens: list[int]
-    cached_len: int = 0
+    computed_len: int = 0
 
 
 class _Driver:
-    """Plays the scheduler: takes request rows, hands out KV slots in shuffled order, writes
+    """Plays the scheduler: takes req_to_token entries, hands out KV slots in shuffled order, writes
     req_to_token and builds each ForwardBatch. Several runners are the stages of a pipeline."""
 
     def __init__(self, *stages: ModelRunner, seed: int = 0) -> None:
@@ -96,28 +96,29 @@ class _Driver:
         self._free_slots = slots[order]
 
     def add(self, prompt: list[int]) -> _Request:
-        rows = {stage.req_to_token_pool.alloc() for stage in self.stages}
-        assert len(rows) == 1
-        row = rows.pop()
-        assert row is not None
-        return _Request(row, list(prompt))
+        indices = {stage.req_to_token_pool.alloc() for stage in self.stages}
+        assert len(indices) == 1
+        req_pool_idx = indices.pop()
+        assert req_pool_idx is not None
+        return _Request(req_pool_idx, list(prompt))
 
     def step(self, work: list[tuple[_Request, int]]) -> torch.Tensor:
-        """Forward `n` uncached tokens of each request; logits at each one's last token."""
+        """Forward the next `n` tokens of each request; logits at each one's last token."""
         ids, positions, locs = [], [], []
         for req, n in work:
             slots, self._free_slots = self._free_slots[:n], self._free_slots[n:]
-            end = req.cached_len + n
+            end = req.computed_len + n
             for stage in self.stages:
-                stage.req_to_token_pool.table[req.row, req.cached_len:end] = slots
-            ids += req.tokens[req.cached_len:end]
-            positions += range(req.cached_len, end)
+                stage.req_to_token_pool.table[req.req_pool_idx, req.computed_len:end] = slots
+            ids += req.tokens[req.computed_len:end]
+            positions += range(req.computed_len, end)
             locs.append(slots)
-            req.cached_len = end
+            req.computed_len = end
         batch = ForwardBatch(
             input_ids=torch.tensor(ids), positions=torch.tensor(positions),
-            out_cache_loc=torch.cat(locs), req_pool_indices=torch.tensor([r.row for r, _ in work]),
-            seq_lens=torch.tensor([r.cached_len for r, _ in work]),
+            out_cache_loc=torch.cat(locs),
+            req_pool_indices=torch.tensor([r.req_pool_idx for r, _ in work]),
+            seq_lens=torch.tensor([r.computed_len for r, _ in work]),
             extend_lens=[n for _, n in work])
         hidden: torch.Tensor | None = None
         residual: torch.Tensor | None = None

@@ -6,12 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal.detokenizer.incremental import _cut_at
+from shoal.detokenizer.incremental import cut_at_stop
 from shoal.ipc.messages import GenerateReq, LogprobParams, SamplingParams
 from shoal.models.forward_batch import ForwardBatch
 from shoal.scheduler.request import Req
 from shoal.scheduler.stop import StopChecker
-from tests.unit.test_scheduler import EOS, VOCAB, LetterTokenizer, make_scheduler, run_until_idle
+from tests.support.scheduler import (
+    EOS,
+    VOCAB,
+    LetterTokenizer,
+    make_scheduler,
+    request,
+    run_until_idle,
+)
 
 
 class TableModel:
@@ -42,11 +49,9 @@ def scheduler_with_table(chunk: int = 2048):  # type: ignore[no-untyped-def]
     return scheduler, io, model
 
 
-def req(rid: str, prompt: list[int], max_new: int = 4, logprob: LogprobParams | None = None,
-        **params: object) -> GenerateReq:
-    return GenerateReq(rid=rid, input_ids=prompt, stream=True, logprob=logprob,
-                       sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0,
-                                               ignore_eos=True, **params))
+def run_to_max(rid: str, prompt: list[int], max_new: int = 4, **params: object) -> GenerateReq:
+    """A greedy request that EOS does not stop."""
+    return request(rid, prompt, max_new=max_new, ignore_eos=True, **params)
 
 
 PROMPT = [3, 17, 8, 22, 5, 40, 11, 9, 30, 2, 14]
@@ -54,9 +59,9 @@ PROMPT = [3, 17, 8, 22, 5, 40, 11, 9, 30, 2, 14]
 
 def test_prompt_and_output_logprobs_across_chunks():
     scheduler, io, model = scheduler_with_table(chunk=4)
-    io.inbox.append(req("a", PROMPT, logprob=LogprobParams(top_logprobs_num=2,
+    io.inbox.append(run_to_max("a", PROMPT, logprob=LogprobParams(top_logprobs_num=2,
                                                            logprob_start_len=0)))
-    io.inbox.append(req("b", [7, 7, 7, 7, 7, 7], max_new=3))  # shares the steps, no logprobs
+    io.inbox.append(run_to_max("b", [7, 7, 7, 7, 7, 7], max_new=3))  # shares the steps, no logprobs
     run_until_idle(scheduler)
     outs = [o for o in io.outputs if o.rid == "a"]
     prompt_lp = outs[0].prompt_logprobs
@@ -79,13 +84,13 @@ def test_prompt_and_output_logprobs_across_chunks():
 
 def test_prompt_logprobs_are_not_served_from_the_prefix_cache():
     scheduler, io, model = scheduler_with_table()
-    io.inbox.append(req("warm", PROMPT))
+    io.inbox.append(run_to_max("warm", PROMPT))
     run_until_idle(scheduler)
-    io.inbox.append(req("all", PROMPT, logprob=LogprobParams(logprob_start_len=0)))
+    io.inbox.append(run_to_max("all", PROMPT, logprob=LogprobParams(logprob_start_len=0)))
     run_until_idle(scheduler)
-    io.inbox.append(req("tail", PROMPT, logprob=LogprobParams(logprob_start_len=6)))
+    io.inbox.append(run_to_max("tail", PROMPT, logprob=LogprobParams(logprob_start_len=6)))
     run_until_idle(scheduler)
-    io.inbox.append(req("plain", PROMPT, logprob=LogprobParams()))
+    io.inbox.append(run_to_max("plain", PROMPT, logprob=LogprobParams()))
     run_until_idle(scheduler)
     first = {o.rid: o for o in io.outputs if o.prompt_logprobs is not None or o.rid == "plain"}
     assert first["all"].cached_tokens == 0
@@ -99,10 +104,10 @@ def test_prompt_logprobs_are_not_served_from_the_prefix_cache():
 
 def test_penalties_and_bias_through_the_scheduler():
     scheduler, io, _ = scheduler_with_table()
-    io.inbox.append(req("free", [4], max_new=12))
-    io.inbox.append(req("penalized", [4], max_new=12, frequency_penalty=2.0,
+    io.inbox.append(run_to_max("free", [4], max_new=12))
+    io.inbox.append(run_to_max("penalized", [4], max_new=12, frequency_penalty=2.0,
                         presence_penalty=2.0, repetition_penalty=2.0))
-    io.inbox.append(req("biased", [4], max_new=3, logit_bias={21: 100.0}))
+    io.inbox.append(run_to_max("biased", [4], max_new=3, logit_bias={21: 100.0}))
     run_until_idle(scheduler)
     free, penalized = io.tokens("free"), io.tokens("penalized")
     assert len(set(free)) < len(free)  # the greedy walk through the table cycles
@@ -112,8 +117,7 @@ def test_penalties_and_bias_through_the_scheduler():
 
 def test_min_new_tokens_holds_eos_back():
     scheduler, io, _ = scheduler_with_table()
-    message = req("a", [4], max_new=10, min_new_tokens=3, logit_bias={EOS: 100.0})
-    message.sampling.ignore_eos = False
+    message = request("a", [4], max_new=10, min_new_tokens=3, logit_bias={EOS: 100.0})
     io.inbox.append(message)
     run_until_idle(scheduler)
     tokens = io.tokens("a")
@@ -122,10 +126,8 @@ def test_min_new_tokens_holds_eos_back():
 
 
 def letters_req(output: list[int], min_new: int, stop: list[str]) -> Req:
-    r = Req(rid="r", input_ids=[0], stream=False,
-            sampling=SamplingParams(min_new_tokens=min_new, stop=stop, max_new_tokens=100))
-    r.output_ids = output
-    return r
+    return Req(rid="r", input_ids=[0], stream=False, output_ids=output,
+               sampling=SamplingParams(min_new_tokens=min_new, stop=stop, max_new_tokens=100))
 
 
 def test_stop_strings_wait_for_min_new_tokens():
@@ -136,11 +138,11 @@ def test_stop_strings_wait_for_min_new_tokens():
     assert checker.check(letters_req([c, d, e, c], 4, ["cd"])) is None
     finish = checker.check(letters_req([c, d, e, c, d], 4, ["cd"]))
     assert finish is not None and finish.matched_str == "cd" and finish.num_earlier_matches == 1
-    assert _cut_at("cdecd", "cd", finish.num_earlier_matches) == "cde"
+    assert cut_at_stop("cdecd", "cd", finish.num_earlier_matches) == "cde"
     # without min_new_tokens the first occurrence stops, as before
     finish = checker.check(letters_req([c, d], 0, ["cd"]))
     assert finish is not None and finish.num_earlier_matches == 0
-    assert _cut_at("xcdcd", "cd") == "x"
+    assert cut_at_stop("xcdcd", "cd") == "x"
 
 
 def pytest_approx(value: float) -> object:

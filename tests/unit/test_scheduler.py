@@ -3,101 +3,16 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from shoal.engine.kv_pool import ReqToTokenPool, TokenSlotAllocator
-from shoal.ipc.messages import (
-    AbortReq,
-    AnyMessage,
-    ComponentReady,
-    ControlReply,
-    FlushCacheReq,
-    GenerateReq,
-    ReqTokenOut,
-    SamplingParams,
-    SchedulerInfoReq,
+from shoal.ipc.messages import AbortReq, FlushCacheReq, SchedulerInfoReq
+from shoal.scheduler import admission
+from tests.support.scheduler import (
+    VOCAB,
+    make_scheduler,
+    request,
+    run_overlapped_until_idle,
+    run_until_idle,
 )
-from shoal.models.forward_batch import ForwardBatch
-from shoal.scheduler import prefill
-from shoal.scheduler.memory import ReqMemory
-from shoal.scheduler.prefix_cache import NoPrefixCache, RadixCache
-from shoal.scheduler.scheduler import Scheduler, SchedulerConfig
-from shoal.scheduler.stop import StopChecker
-
-VOCAB = 50
-EOS = 0
-
-
-class CountingModel:
-    """Next token = last input token + 1 (mod VOCAB, skipping EOS); records each batch."""
-
-    def __init__(self) -> None:
-        self.batches: list[ForwardBatch] = []
-
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        self.batches.append(batch)
-        last = batch.input_ids[batch.last_token_indices]
-        nxt = (last % (VOCAB - 1)) + 1
-        return torch.nn.functional.one_hot(nxt, VOCAB).float()
-
-
-class LetterTokenizer:
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(ord("a") + i % 26) for i in ids)
-
-
-class FakeIO:
-    def __init__(self) -> None:
-        self.inbox: list[AnyMessage] = []
-        self.outputs: list[ReqTokenOut] = []
-        self.replies: list[ControlReply] = []
-
-    def recv(self, blocking: bool) -> list[AnyMessage]:
-        messages, self.inbox = self.inbox, []
-        return messages
-
-    def send_outputs(self, outputs: list[ReqTokenOut]) -> None:
-        self.outputs += outputs
-
-    def send_ready(self, ready: ComponentReady) -> None:
-        pass
-
-    def send_reply(self, reply: ControlReply) -> None:
-        self.replies.append(reply)
-
-    def tokens(self, rid: str) -> list[int]:
-        return [t for o in self.outputs if o.rid == rid for t in o.new_ids]
-
-    def finish(self, rid: str):  # type: ignore[no-untyped-def]
-        return next(o.finish for o in self.outputs if o.rid == rid and o.finish is not None)
-
-
-def make_scheduler(num_slots: int = 4096, max_running: int = 64, chunk: int = 2048,
-                   context: int = 1024, radix: bool = True, policy: str = "fcfs"
-                   ) -> tuple[Scheduler, FakeIO, CountingModel]:
-    io, model = FakeIO(), CountingModel()
-    allocator = TokenSlotAllocator(num_slots, torch.device("cpu"))
-    memory = ReqMemory(ReqToTokenPool(max_running + 1, context, torch.device("cpu")), allocator,
-                       RadixCache(allocator) if radix else NoPrefixCache())
-    scheduler = Scheduler(runner=model, memory=memory, io=io,
-                          stop_checker=StopChecker(LetterTokenizer(), {EOS}, context),  # type: ignore[arg-type]
-                          config=SchedulerConfig(context, max_running, chunk, policy))
-    return scheduler, io, model
-
-
-def request(rid: str, prompt: list[int], max_new: int = 8, stream: bool = True,
-            **params: object) -> GenerateReq:
-    return GenerateReq(rid=rid, input_ids=prompt,
-                       sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0, **params),
-                       stream=stream)
-
-
-def run_until_idle(scheduler: Scheduler, max_steps: int = 10_000) -> None:
-    for _ in range(max_steps):
-        scheduler.step()
-        if not scheduler.has_work:
-            return
-    raise AssertionError("scheduler did not become idle")
 
 
 def expected_tokens(last: int, n: int) -> list[int]:
@@ -115,7 +30,7 @@ def test_generates_max_new_tokens_and_frees_everything() -> None:
     assert io.tokens("a") == expected_tokens(7, 6)
     assert io.finish("a").kind == "length"
     assert scheduler.memory.check_idle_integrity()
-    assert scheduler.memory.num_free_rows == 65
+    assert scheduler.memory.num_free_req_pool_indices == 65
 
 
 def test_non_streaming_request_gets_one_output_at_finish() -> None:
@@ -162,7 +77,7 @@ def test_chunked_prefill_interleaves_with_decode() -> None:
 def test_retraction_under_a_small_pool_keeps_outputs_and_leaks_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # reserve almost nothing for future output, so admission overcommits and decode runs short
-    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)
+    monkeypatch.setattr(admission, "RESERVE_CLIP", 2)
     scheduler, io, _ = make_scheduler(num_slots=120, max_running=16)
     prompts = {f"r{i}": [i + 1] * 10 for i in range(8)}
     for rid, prompt in prompts.items():
@@ -172,7 +87,7 @@ def test_retraction_under_a_small_pool_keeps_outputs_and_leaks_nothing(
         assert io.tokens(rid) == expected_tokens(prompt[-1], 40), rid
     assert scheduler.num_retracted > 0
     assert scheduler.memory.check_idle_integrity()
-    assert scheduler.memory.num_free_rows == 17
+    assert scheduler.memory.num_free_req_pool_indices == 17
 
 
 def test_stop_token_and_eos() -> None:
@@ -240,7 +155,7 @@ def test_shared_prefix_is_served_from_the_cache_with_the_same_output() -> None:
 
 def test_retraction_with_the_cache_recomputes_little_and_leaks_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)
+    monkeypatch.setattr(admission, "RESERVE_CLIP", 2)
     scheduler, io, _ = make_scheduler(num_slots=120, max_running=16)
     for i in range(8):
         io.inbox.append(request(f"r{i}", [i + 1] * 10, max_new=40))
@@ -280,26 +195,9 @@ def test_flush_cache_is_refused_while_busy() -> None:
     assert io.replies[-1].info["num_free_slots"] == 4096
 
 
-def run_overlapped_until_idle(scheduler: Scheduler, io: FakeIO, max_steps: int = 10_000) -> None:
-    """The overlap loop, stopped once every request is done (the fake IO never blocks)."""
-    real_recv = io.recv
-    steps = 0
-
-    def recv(blocking: bool) -> list[AnyMessage]:
-        nonlocal steps
-        steps += 1
-        if (not scheduler.has_work and steps > 1) or steps > max_steps:
-            scheduler.should_stop = True
-        return real_recv(blocking)
-
-    io.recv = recv  # type: ignore[method-assign]
-    scheduler.run_forever_overlapped()
-    assert not scheduler.has_work, "the overlap loop stopped with work left"
-
-
 @pytest.mark.parametrize("radix", [True, False])
 def test_overlap_loop_gives_the_same_tokens(radix: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)  # force retractions in both loops too
+    monkeypatch.setattr(admission, "RESERVE_CLIP", 2)  # force retractions in both loops too
     results = []
     for overlap in (False, True):
         scheduler, io, model = make_scheduler(num_slots=160, max_running=16, chunk=16,
@@ -358,7 +256,7 @@ def test_a_prompt_is_shared_while_its_request_still_runs() -> None:
 @pytest.mark.parametrize("overlap", [False, True])
 def test_shared_prefixes_under_retraction_keep_outputs_and_leak_nothing(
         overlap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prefill, "RESERVE_CLIP", 2)
+    monkeypatch.setattr(admission, "RESERVE_CLIP", 2)
     scheduler, io, _ = make_scheduler(num_slots=200, max_running=16, chunk=24)
     prompts = {f"r{i}": [9] * 30 + [i + 1] * (1 + i % 3) for i in range(10)}
     io.inbox += [request(rid, prompt, max_new=30) for rid, prompt in prompts.items()]

@@ -30,6 +30,7 @@ from shoal.launch.supervisord import (
     render_supervisord_conf,
 )
 from shoal.lifecycle import ExitCode
+from tests.support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LISTENER = REPO / "image" / "exit_listener.py"
@@ -249,14 +250,16 @@ def _run_supervisord(plan: LaunchPlan, env: dict[str, str], log: Path
     proc = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "--nodaemon",
                              "--configuration", files.conf], env={**os.environ, **env},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def all_ready() -> bool:
         lines = log.read_text().splitlines() if log.exists() else []
-        if sum(line.split()[1] == "ready" for line in lines) == len(plan.components):
-            return proc
-        time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("stand-in programs did not start")
+        return sum(line.split()[1] == "ready" for line in lines) == len(plan.components)
+
+    try:
+        wait_until(all_ready, timeout=30, what="every stand-in program handles SIGTERM")
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc
 
 
 def _stand_in_pid(proc: subprocess.Popen[bytes], name: str) -> int:

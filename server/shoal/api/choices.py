@@ -18,10 +18,9 @@ import msgspec
 
 from shoal.api.errors import APIError
 from shoal.api.tokenizer_manager import GenerateResult, IsDisconnected, TokenizerManager
-from shoal.ipc.messages import LogprobParams, ReqStrOut, SamplingParams
+from shoal.ipc.messages import SEED_BOUND, LogprobParams, ReqStrOut, SamplingParams
 
 PREFIX_WARMUP_MIN_TOKENS = 64  # below this, computing the prompt n times is cheaper than a step
-INT64 = 2**63
 
 T = TypeVar("T")
 
@@ -43,8 +42,8 @@ class Choices:
         seed = self.sampling.seed
         if index == 0 or seed is None:
             return self.sampling
-        return msgspec.structs.replace(self.sampling,
-                                       seed=seed + index if seed + index < INT64 else seed - index)
+        shifted = seed + index if seed + index < SEED_BOUND else seed - index
+        return msgspec.structs.replace(self.sampling, seed=shifted)
 
     async def warm_prefix(self) -> None:
         """Compute the prompt once, into the prefix cache, before n > 1 choices share it. Not

@@ -22,9 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from shoal.ipc.messages import LogprobParams, SamplingParams
+from shoal.ipc.messages import SEED_BOUND, LogprobParams, SamplingParams
 
-INT64 = 2**63
 MAX_STOP_STRINGS = 4
 MAX_N = 8              # choices per OpenAI request (each is its own request in the scheduler)
 MAX_TOP_LOGPROBS = 20
@@ -43,7 +42,7 @@ class _Sampling(_Request):
     top_k: int | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-INT64, lt=INT64)
+    seed: int | None = Field(None, ge=-SEED_BOUND, lt=SEED_BOUND)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True

@@ -57,7 +57,7 @@ class DecodeState:
         return the text to send now; on the finish, everything left up to a matched stop string."""
         new_text = full_text[len(context_text):]
         if finish is not None:
-            return _cut_at(self.unsent_text + new_text, finish.matched_str,
+            return cut_at_stop(self.unsent_text + new_text, finish.matched_str,
                            finish.num_earlier_matches)
         if new_text and not new_text.endswith(REPLACEMENT_CHAR):
             del self.ids[:self.read_offset]
@@ -68,7 +68,7 @@ class DecodeState:
         return chunk
 
 
-def _cut_at(text: str, stop: str | None, skip: int = 0) -> str:
+def cut_at_stop(text: str, stop: str | None, skip: int = 0) -> str:
     """`text` up to the stop string's occurrence number `skip` (0: the first). Earlier ones are
     there only when min_new_tokens let them through; all of them are unsent, since sending stops
     at the first occurrence of a stop string."""

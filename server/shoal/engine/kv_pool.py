@@ -9,22 +9,24 @@ import torch
 
 
 class ReqToTokenPool:
-    """`table[row, pos]` is the KV slot holding the token at `pos` of the request in `row`."""
+    """`table[req_pool_idx, pos]` is the KV slot holding the token at `pos` of the request that
+    holds row `req_pool_idx` of the table."""
 
     def __init__(self, num_rows: int, max_context_len: int, device: torch.device) -> None:
         self.table = torch.zeros((num_rows, max_context_len), dtype=torch.int64, device=device)
-        self._free_rows = list(range(num_rows))
+        self._free = list(range(num_rows))
         self.num_rows = num_rows
 
     @property
     def num_free(self) -> int:
-        return len(self._free_rows)
+        return len(self._free)
 
     def alloc(self) -> int | None:
-        return self._free_rows.pop() if self._free_rows else None
+        """A free req_pool_idx, or None when every row is taken."""
+        return self._free.pop() if self._free else None
 
-    def free(self, row: int) -> None:
-        self._free_rows.append(row)
+    def free(self, req_pool_idx: int) -> None:
+        self._free.append(req_pool_idx)
 
 
 class TokenSlotAllocator:

@@ -1,8 +1,10 @@
 """Every message that crosses a process boundary, as tagged msgspec structs.
 
 Structs are `array_like` (fields encode positionally): append new fields at the end only.
-One typed decoder (`decode`) accepts exactly the union of message types, so nothing but these
-structs ever crosses a socket or a collective.
+Decoders are typed: `decode` accepts exactly the union of the socket messages (`decode_many`, a
+list of them: rank 0's broadcast), and `decode_sampling_result` the one payload the ranks share
+after sampling, so nothing but these structs ever crosses a socket or a collective
+(docs/contracts.md, "Wire format").
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+
+SEED_BOUND = 2**63  # a seed is an int64: -SEED_BOUND <= seed < SEED_BOUND
 
 
 class SamplingParams(msgspec.Struct, array_like=True, kw_only=True):

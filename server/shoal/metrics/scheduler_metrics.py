@@ -13,12 +13,30 @@ LOG_INTERVAL_S = 5.0
 
 @dataclass(frozen=True)
 class SchedulerSnapshot:
-    num_running: int
-    num_queued: int
-    token_usage: float        # share of KV slots held by requests or unevictable cache
-    cache_hit_rate: float     # cached / admitted prompt tokens, since start
-    num_retracted: int
-    num_generated: int        # output tokens, since start
+    """The scheduler's numbers at one moment: the log line, the gauges and /server_info's
+    `scheduler` (all integers, so the api receives them as they are)."""
+
+    num_total_slots: int       # KV slots of the pool
+    num_free_slots: int
+    num_cached_slots: int      # owned by the prefix cache, locked or not
+    num_evictable_slots: int   # of those, unlocked
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_retracted_reqs: int    # since start
+    num_prompt_tokens: int     # of admitted requests, since start
+    num_prefix_hit_tokens: int  # of those, served from the prefix cache
+    num_generated_tokens: int  # output tokens, since start
+    num_forward_steps: int
+
+    @property
+    def token_usage(self) -> float:
+        """Share of KV slots held by requests or by cache entries that cannot be evicted."""
+        available = self.num_free_slots + self.num_evictable_slots
+        return (self.num_total_slots - available) / self.num_total_slots
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.num_prefix_hit_tokens / max(self.num_prompt_tokens, 1)
 
 
 class SchedulerStats:
@@ -35,12 +53,12 @@ class SchedulerStats:
 
     def report(self, snapshot: SchedulerSnapshot, now: float) -> None:
         elapsed = max(now - self._last_time, 1e-9)
-        throughput = (snapshot.num_generated - self._last_generated) / elapsed
-        self._last_time, self._last_generated = now, snapshot.num_generated
+        throughput = (snapshot.num_generated_tokens - self._last_generated) / elapsed
+        self._last_time, self._last_generated = now, snapshot.num_generated_tokens
         logger.info("Decode batch. #running-req: %d, #queue-req: %d, token usage: %.2f, "
                     "gen throughput (token/s): %.2f, cache hit rate: %.2f%%, #retracted: %d",
-                    snapshot.num_running, snapshot.num_queued, snapshot.token_usage,
-                    throughput, 100 * snapshot.cache_hit_rate, snapshot.num_retracted)
+                    snapshot.num_running_reqs, snapshot.num_waiting_reqs, snapshot.token_usage,
+                    throughput, 100 * snapshot.cache_hit_rate, snapshot.num_retracted_reqs)
         if self.gauges is not None:
             self.gauges.set(snapshot, throughput)
 
@@ -60,9 +78,9 @@ class _Gauges:
         self.retracted = gauge("num_retracted_reqs", "Requests retracted since start")
 
     def set(self, snapshot: SchedulerSnapshot, throughput: float) -> None:
-        self.running.set(snapshot.num_running)
-        self.queued.set(snapshot.num_queued)
+        self.running.set(snapshot.num_running_reqs)
+        self.queued.set(snapshot.num_waiting_reqs)
         self.token_usage.set(snapshot.token_usage)
         self.cache_hit_rate.set(snapshot.cache_hit_rate)
         self.gen_throughput.set(throughput)
-        self.retracted.set(snapshot.num_retracted)
+        self.retracted.set(snapshot.num_retracted_reqs)

@@ -25,7 +25,7 @@ class ForwardBatch:
     input_ids: torch.Tensor        # [num_tokens] int64
     positions: torch.Tensor        # [num_tokens] int64
     out_cache_loc: torch.Tensor    # [num_tokens] int64: KV slot of each new token
-    req_pool_indices: torch.Tensor  # [batch] int64: row of each request in req_to_token
+    req_pool_indices: torch.Tensor  # [batch] int64: each request's row of req_to_token
     seq_lens: torch.Tensor         # [batch] int64: prefix_len + extend_len
     extend_lens: list[int]         # [batch] new tokens per request
     # token indices whose logits the model returns, in order; None: each request's last new
@@ -47,10 +47,6 @@ class ForwardBatch:
     @cached_property
     def seq_lens_list(self) -> list[int]:
         return self.seq_lens.tolist()
-
-    @cached_property
-    def prefix_lens(self) -> list[int]:
-        return [s - n for s, n in zip(self.seq_lens_list, self.extend_lens)]
 
     @cached_property
     def last_token_indices(self) -> torch.Tensor:

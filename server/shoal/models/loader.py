@@ -16,7 +16,7 @@ from torch import nn
 
 
 class TensorSlice(Protocol):
-    def get_shape(self) -> list[int]: ...
+    """A checkpoint tensor read lazily: indexing reads only the slice asked for."""
 
     def __getitem__(self, index: Any) -> torch.Tensor: ...
 

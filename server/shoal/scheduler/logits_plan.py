@@ -3,6 +3,7 @@
 Normally only each request's last new token (the one that may be sampled). A request that wants
 prompt logprobs also needs the logits of every prompt position it computes this step in
 [next_prompt_logprob_pos, len(input_ids) - 1): the logits at position p score prompt token p + 1.
+Each such position becomes one row of the logits the forward returns.
 
     request r, computing positions [c, c + n) this step (token offset o in the batch):
       prompt rows:  o + (lo - c) ... o + (hi - c) - 1   lo = max(c, next), hi = min(c + n, L - 1)
@@ -21,7 +22,7 @@ from shoal.scheduler.request import Req
 @dataclass
 class LogitsPlan:
     indices: list[int]         # token indices whose logits the forward returns, ascending
-    last_rows: list[int]       # per batch row: the logits row of its request's last new token
+    last_rows: list[int]       # per batch entry: the logits row of its request's last new token
     slices: list[PromptSlice]  # prompt positions scored this step
     owners: list[Req]          # the request of each slice
 
@@ -31,15 +32,15 @@ class LogitsPlan:
             req.prompt_logprobs.extend(logprobs)
 
 
-def plan_logits(rows: list[tuple[Req, int]]) -> LogitsPlan | None:
-    """The plan for a batch of (request, tokens computed); None when every request needs only its
-    last token's logits (the model's default)."""
-    if not any(req.needs_prompt_logprobs for req, _ in rows):
+def plan_logits(entries: list[tuple[Req, int]]) -> LogitsPlan | None:
+    """The plan for a batch of entries (request, tokens computed); None when every request needs
+    only its last token's logits (the model's default)."""
+    if not any(req.needs_prompt_logprobs for req, _ in entries):
         return None
     plan = LogitsPlan(indices=[], last_rows=[], slices=[], owners=[])
     offset = 0
-    for req, n in rows:
-        start, end = req.cached_len, req.cached_len + n
+    for req, n in entries:
+        start, end = req.computed_len, req.computed_len + n
         if req.needs_prompt_logprobs:
             assert req.logprob is not None
             lo, hi = max(start, req.next_prompt_logprob_pos), min(end, len(req.input_ids) - 1)

@@ -1,13 +1,15 @@
-"""KV memory of requests: rows of the req→token table, the slots they hold, the prefix cache.
+"""KV memory of requests: entries of the req→token table, the slots they hold, the prefix cache.
 
-A running request's row maps positions to slots:
+A running request's entry `req_to_token[req_pool_idx]` maps positions to slots:
 
-    [0 ........ cache_owned_len) [cache_owned_len ........ cached_len)
+    [0 ........ cache_owned_len) [cache_owned_len ........ computed_len)
       matched in the prefix cache   computed by the request itself:
       (owned by the cache, locked)  owned by the request until it is released
 
-Allocation is check-then-commit: callers check `num_available_slots` / `num_free_rows` first,
-and a mutating call never half-succeeds.
+Allocation is check-then-commit: callers check `num_available_slots` /
+`num_free_req_pool_indices` first, and a mutating call never half-succeeds. Eviction is its own
+call (`evict_for`), made before slots are allocated; `num_available_slots` counts what it could
+free.
 """
 
 from __future__ import annotations
@@ -36,47 +38,52 @@ class ReqMemory:
         return self.allocator.num_free + self.cache.evictable_size
 
     @property
-    def num_free_rows(self) -> int:
+    def num_free_req_pool_indices(self) -> int:
         return self.req_to_token.num_free
 
     def match_prefix(self, req: Req) -> PrefixMatch:
         """The cached prefix of a waiting request; at least its last token is left to compute,
         so the forward produces the logits of the next token (and, for a request that wants
         prompt logprobs, every position still to score: `Req.max_prefix_match_len`)."""
-        return self.cache.match(req.fill_ids[:req.max_prefix_match_len])
+        return self.cache.match(req.token_ids[:req.max_prefix_match_len])
 
-    def admit(self, req: Req, match: PrefixMatch) -> None:
-        """Give a request a row, starting from its cached prefix (locked until release)."""
-        row = self.req_to_token.alloc()
-        assert row is not None, "caller must check num_free_rows first"
+    def acquire(self, req: Req, match: PrefixMatch) -> None:
+        """Give an admitted request its req_to_token entry, starting from its cached prefix
+        (locked until `release`)."""
+        req_pool_idx = self.req_to_token.alloc()
+        assert req_pool_idx is not None, "caller must check num_free_req_pool_indices first"
         matched = len(match.slots)
         self.cache.lock(match.node)
-        self.req_to_token.table[row, :matched] = match.slots.to(self.req_to_token.table.device)
-        req.row, req.prefix_node = row, match.node
-        req.cached_len = req.cache_owned_len = matched
+        self.req_to_token.table[req_pool_idx, :matched] = match.slots.to(
+            self.req_to_token.table.device)
+        req.req_pool_idx, req.prefix_node = req_pool_idx, match.node
+        req.computed_len = req.cache_owned_len = matched
         if not req.was_admitted:
-            req.cached_tokens = matched
+            req.prefix_hit_len = matched
             req.was_admitted = True
 
+    def evict_for(self, num_slots: int) -> None:
+        """Evict cached prefixes (least recently used first) until `num_slots` slots are free."""
+        if num_slots > self.allocator.num_free:
+            self.cache.evict(num_slots - self.allocator.num_free)
+
     def alloc_slots(self, reqs: list[Req], extend_lens: list[int]) -> torch.Tensor:
-        """Slots for each request's next `extend_len` tokens, written into the table; evicts
-        cached prefixes when the free list runs short. Returns the slots concatenated in request
-        order (the batch's `out_cache_loc`)."""
-        needed = sum(extend_lens)
-        if needed > self.allocator.num_free:
-            self.cache.evict(needed - self.allocator.num_free)
-        slots = self.allocator.alloc(needed)
-        assert slots is not None, "caller must check num_available_slots first"
+        """Slots for each request's next `extend_len` tokens, written into the table. Returns the
+        slots concatenated in request order (the batch's `out_cache_loc`)."""
+        slots = self.allocator.alloc(sum(extend_lens))
+        assert slots is not None, "caller must check num_available_slots and evict_for first"
         table = self.req_to_token.table
         if all(n == 1 for n in extend_lens):
-            rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=table.device)
-            cols = torch.tensor([r.cached_len for r in reqs], dtype=torch.int64,
-                                device=table.device)
-            table[rows, cols] = slots
+            indices = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64,
+                                   device=table.device)
+            positions = torch.tensor([r.computed_len for r in reqs], dtype=torch.int64,
+                                     device=table.device)
+            table[indices, positions] = slots
             return slots
         offset = 0
         for req, n in zip(reqs, extend_lens):
-            table[req.row, req.cached_len:req.cached_len + n] = slots[offset:offset + n]
+            start = req.computed_len
+            table[req.req_pool_idx, start:start + n] = slots[offset:offset + n]
             offset += n
         return slots
 
@@ -87,14 +94,15 @@ class ReqMemory:
         duplicates are freed) and its lock moves to the end of what it computed. Only call this
         once the forward that computes those tokens has been launched: later forwards, the only
         ones that can read the slots, run after it."""
-        if (not self.cache.shares or req.row is None
-                or min(req.cached_len, req.known_len) <= req.cache_owned_len):
+        if (not self.cache.shares or req.req_pool_idx is None
+                or min(req.computed_len, len(req.token_ids)) <= req.cache_owned_len):
             return
         ids, _ = self._insert_computed(req)
         known = len(ids)
         match = self.cache.match(ids)
         assert len(match.slots) == known
-        self.req_to_token.table[req.row, :known] = match.slots.to(self.req_to_token.table.device)
+        self.req_to_token.table[req.req_pool_idx, :known] = match.slots.to(
+            self.req_to_token.table.device)
         self.cache.lock(match.node)
         if req.prefix_node is not None:
             self.cache.unlock(req.prefix_node)
@@ -102,26 +110,27 @@ class ReqMemory:
 
     def release(self, req: Req) -> None:
         """Hand a request's computed tokens to the prefix cache (slots it duplicates are freed),
-        unlock its prefix and free its row; its progress resets to nothing. Positions whose token
-        is still pending (the overlap loop) are not cached: their slots are freed."""
-        if req.row is None:
+        unlock its prefix and free its req_to_token entry; its progress resets to nothing.
+        Positions whose token is still pending (the overlap loop) are not cached: their slots
+        are freed."""
+        if req.req_pool_idx is None:
             return
         ids, slots = self._insert_computed(req)
         self.allocator.free(slots[len(ids):])
         if req.prefix_node is not None:
             self.cache.unlock(req.prefix_node)
-        self.req_to_token.free(req.row)
-        req.row, req.prefix_node = None, None
-        req.cached_len = req.cache_owned_len = req.num_pending = 0
+        self.req_to_token.free(req.req_pool_idx)
+        req.req_pool_idx, req.prefix_node = None, None
+        req.computed_len = req.cache_owned_len = req.num_pending = 0
         req.epoch += 1
 
     def _insert_computed(self, req: Req) -> tuple[list[int], torch.Tensor]:
         """Insert the computed tokens whose ids are known into the cache and free the request's
-        slots the cache already had. Returns those ids and the request's row slots (all
-        `cached_len` of them, pending positions included)."""
-        assert req.row is not None
-        slots = self.req_to_token.table[req.row, :req.cached_len].clone()
-        ids = req.fill_ids[:min(req.cached_len, req.known_len)]
+        slots the cache already had. Returns those ids and the request's slots (all
+        `computed_len` of them, pending positions included)."""
+        assert req.req_pool_idx is not None
+        slots = self.req_to_token.table[req.req_pool_idx, :req.computed_len].clone()
+        ids = req.token_ids[:min(req.computed_len, len(req.token_ids))]
         already_cached = self.cache.insert(ids, slots[:len(ids)])
         self.allocator.free(slots[req.cache_owned_len:already_cached])
         return ids, slots

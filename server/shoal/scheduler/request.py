@@ -1,11 +1,15 @@
 """A request as the scheduler tracks it: progress is lengths, not phases.
 
-    fill_ids = input_ids + output_ids
-    [0 ............ cached_len) [cached_len ........ len(fill_ids))
-      K/V in the pool             still to compute (a prefill chunk, or the last sampled token)
+    token_ids = input_ids + output_ids: one list, appended in place (`append_token`)
+    [0 ............ computed_len) [computed_len ............ total_len)
+      K/V computed, in the pool     still to compute: a prefill chunk, or the last sampled token
+    total_len = len(token_ids) + num_pending   (pending: sampled by a batch whose results are not
+                                                processed yet, the overlap loop; id not known)
 
-A request is in prefill while `cached_len < len(input_ids)`; afterwards every step extends it by
-exactly the one token sampled last.
+A request is in prefill while `computed_len < len(input_ids)`; afterwards every step extends it
+by exactly the one token sampled last (`extend_len == 1`). "Cached" means the prefix cache only:
+the first `cache_owned_len` tokens' K/V belong to the cache, and `prefix_hit_len` prompt tokens
+were served from it when the request was first admitted (what usage reports as cached_tokens).
 
 Prompt log-probabilities score prompt token i+1 with the logits at position i, for positions
 [logprob_start_len, len(input_ids) - 1); they are collected chunk by chunk, so until they are
@@ -38,12 +42,13 @@ class Req:
     sampling: SamplingParams
     stream: bool
     output_ids: list[int] = field(default_factory=list)
-    row: int | None = None                 # row in req_to_token while it holds KV
-    cached_len: int = 0                    # tokens whose K/V are in the pool
+    token_ids: list[int] = field(init=False)  # input_ids + output_ids, appended in place
+    req_pool_idx: int | None = None        # its row of the req_to_token table while it holds KV
+    computed_len: int = 0                  # leading tokens whose K/V are in the pool
     cache_owned_len: int = 0               # leading tokens whose K/V the prefix cache owns
     prefix_node: TreeNode | None = None    # the locked prefix-cache node ending that prefix
-    cached_tokens: int = 0                 # prompt tokens served from the prefix cache
-    was_admitted: bool = False             # a retracted request keeps its first cached_tokens
+    prefix_hit_len: int = 0                # prompt tokens served from the prefix cache
+    was_admitted: bool = False             # a retracted request keeps its first prefix_hit_len
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
     num_sent_ids: int = 0                  # output ids already sent to the detokenizer
@@ -54,6 +59,9 @@ class Req:
     prompt_logprobs: TokenLogprobs | None = None  # from position logprob_start_len on, when asked
     num_pending: int = 0   # tokens sampled by batches not processed yet (the overlap loop)
     epoch: int = 0         # +1 whenever the request gives its KV back; older batch rows are stale
+
+    def __post_init__(self) -> None:
+        self.token_ids = self.input_ids + self.output_ids
 
     @classmethod
     def from_message(cls, message: GenerateReq, eos_token_ids: set[int]) -> Req:
@@ -67,22 +75,20 @@ class Req:
                    prompt_logprobs=(TokenLogprobs() if logprob is not None
                                     and logprob.logprob_start_len >= 0 else None))
 
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.input_ids + self.output_ids
+    def append_token(self, token: int) -> None:
+        """A sampled token whose id is now known (it was pending until its batch's results)."""
+        self.output_ids.append(token)
+        self.token_ids.append(token)
 
     @property
-    def fill_len(self) -> int:
+    def total_len(self) -> int:
         """Tokens so far, counting those sampled but not known yet (`num_pending`)."""
-        return len(self.input_ids) + len(self.output_ids) + self.num_pending
-
-    @property
-    def known_len(self) -> int:
-        return len(self.input_ids) + len(self.output_ids)
+        return len(self.token_ids) + self.num_pending
 
     @property
     def extend_len(self) -> int:
-        return self.fill_len - self.cached_len
+        """Tokens to compute to catch up with `total_len`."""
+        return self.total_len - self.computed_len
 
     @property
     def next_prompt_logprob_pos(self) -> int:
@@ -98,11 +104,11 @@ class Req:
 
     @property
     def max_prefix_match_len(self) -> int:
-        """How much of fill_ids the prefix cache may serve: all but the last token (whose logits
-        are needed), and no position whose prompt logprob is still to collect."""
+        """How much of token_ids the prefix cache may serve: all but the last token (whose
+        logits are needed), and no position whose prompt logprob is still to collect."""
         if self.needs_prompt_logprobs:
             return self.next_prompt_logprob_pos
-        return self.fill_len - 1
+        return self.total_len - 1
 
     @property
     def remaining_new_tokens(self) -> int:

@@ -1,4 +1,24 @@
-"""The scheduler loop: receive → schedule → forward → process results, one step at a time."""
+"""The scheduler loop: receive → schedule → forward → process results, one step at a time.
+
+Where is ... (docs/architecture.md has the same index; a test resolves every name):
+
+    admission       Scheduler._admit → admission.PrefillAdder.try_admit (its budget:
+                    admission.future_slots, admission.NewTokenRatio) → memory.ReqMemory.acquire;
+                    checked before queueing: Scheduler._validate
+    eviction        memory.ReqMemory.evict_for, called by Scheduler._forward_batch before
+                    memory.ReqMemory.alloc_slots → prefix_cache.RadixCache.evict
+    retraction      Scheduler._retract_for_decode → memory.ReqMemory.release
+    progress        Scheduler._advance_progress, when a batch is built
+    shared prompts  memory.ReqMemory.cache_progress, from Scheduler.process_results;
+                    in-batch deferral: Scheduler._computed_in_this_step
+    overlap         Scheduler.run_forever_overlapped (_must_finish_first decides what waits);
+                    the worker runs Scheduler._compute, which fills the future-token map
+                    (FutureInputs)
+
+A batch is a list of entries (request, tokens it computes this step); a request's place in the
+req_to_token table is its `req_pool_idx`; "row" is left to the rows of the logits. Progress
+advances when a batch is built (`_advance_progress`), not when its forward ends.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import torch
@@ -27,9 +47,9 @@ from shoal.ipc.messages import (
 )
 from shoal.metrics.scheduler_metrics import SchedulerSnapshot, SchedulerStats
 from shoal.models.forward_batch import ForwardBatch
+from shoal.scheduler.admission import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
 from shoal.scheduler.memory import ReqMemory
-from shoal.scheduler.prefill import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.prefix_cache import common_prefix_len
 from shoal.scheduler.request import Req
 from shoal.scheduler.sampling import Sampling, local_sampling
@@ -38,6 +58,8 @@ from shoal.scheduler.stop import StopChecker
 logger = logging.getLogger(__name__)
 
 DECODE_PREFIX_LEN = 5  # prompt ids sent to the detokenizer as decoding context
+
+Entry = tuple[Req, int]  # a request and the tokens it computes this step
 
 
 class SchedulerIO(Protocol):
@@ -54,27 +76,46 @@ class Runner(Protocol):
 
 
 @dataclass
+class FutureInputs:
+    """Decode entries whose input is the token a still-running batch samples (the overlap loop):
+    their positions in `input_ids`, and the req_pool_idx to read each from the future-token map
+    when the forward starts."""
+
+    positions: list[int] = field(default_factory=list)
+    req_pool_indices: list[int] = field(default_factory=list)
+
+
+@dataclass
 class ScheduledBatch:
-    rows: list[tuple[Req, int]]  # (request, tokens it computes this step)
+    entries: list[Entry]
     forward: ForwardBatch
-    sampled: list[int]           # rows whose request samples a token after this step
-    sampled_req_rows: list[int]  # their req_to_token rows when built (keys of the future map)
-    epochs: list[int]            # each row's request epoch when built (stale rows are skipped)
+    sampled: list[int]                   # entries whose request samples a token after this step
+    sampled_req_pool_indices: list[int]  # their req_pool_idx when built (the future map's keys)
+    epochs: list[int]                    # each entry's request epoch when built (stale: skipped)
     work: SamplingWork
-    # decode rows whose input is the token a still-running batch samples (the overlap loop):
-    # token positions in input_ids, and the request rows to read from the future-token map
-    future_positions: list[int]
-    future_rows: list[int]
-    logits_plan: LogitsPlan | None = None  # None: the logits of each row's last token
+    future: FutureInputs
+    logits_plan: LogitsPlan | None = None  # None: the logits of each entry's last token
 
     @property
     def has_prefill(self) -> bool:
-        return any(n > 1 for _, n in self.rows)
+        return any(n > 1 for _, n in self.entries)
 
     @property
-    def needs_sync(self) -> bool:
+    def blocks_overlap(self) -> bool:
+        """Its sampling reads the output so far (penalties) or scores prompt positions: the
+        overlap loop runs it to the end before scheduling the next step."""
         return self.logits_plan is not None or any(
-            self.rows[i][0].needs_sync_sampling for i in self.sampled)
+            self.entries[i][0].needs_sync_sampling for i in self.sampled)
+
+
+Launched = tuple[ScheduledBatch, Future[SamplingResult]]  # a batch and its sampling, running
+
+
+def _must_finish_first(inflight: ScheduledBatch, batch: ScheduledBatch) -> bool:
+    """Whether the overlap loop finishes the in-flight step before launching `batch`: when
+    `batch` blocks overlap, or both are prefills (so the first prefill's first tokens go out
+    before the next prefill runs)."""
+    return batch.blocks_overlap or (batch.has_prefill and inflight.has_prefill)
 
 
 @dataclass(frozen=True)
@@ -110,8 +151,8 @@ class Scheduler:
         self.num_forward_steps = 0
         self.num_retracted = 0
         self.new_token_ratio = NewTokenRatio()
-        self.num_prompt_tokens = 0    # of admitted requests, for the cache hit rate
-        self.num_cached_tokens = 0
+        self.num_prompt_tokens = 0       # of admitted requests, for the cache hit rate
+        self.num_prefix_hit_tokens = 0   # of those, served from the prefix cache
         self.num_generated_tokens = 0
         self.should_stop = False
         self._checked_idle = True
@@ -124,54 +165,6 @@ class Scheduler:
         while not self.should_stop:
             self.step()
 
-    def run_forever_overlapped(self) -> None:
-        """The overlap loop: step N+1 is scheduled and launched (forward and sampling, in a
-        worker thread) before step N's results are processed, so result handling, streaming and
-        scheduling run while the model computes. A decode row whose token step N is still
-        sampling reads it from the future-token map when its forward starts. A batch whose
-        sampling needs the output so far (penalties, logprobs) runs without overlap, and two
-        prefill steps in a row are not overlapped, so the first one's first tokens go out
-        before the next prefill is launched."""
-        future_tokens = torch.zeros(self.memory.req_to_token.num_rows, dtype=torch.int64)
-        inflight: tuple[ScheduledBatch, Future[SamplingResult]] | None = None
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as worker:
-            while not self.should_stop:
-                for message in self.io.recv(blocking=not self.has_work and inflight is None):
-                    self.handle(message)
-                batch = self.schedule()
-                if inflight is not None and batch is not None and (
-                        batch.needs_sync or (batch.has_prefill and inflight[0].has_prefill)):
-                    self._finish_step(*inflight)
-                    inflight = None
-                launched = None
-                if batch is not None:
-                    self._checked_idle = False
-                    launched = (batch, worker.submit(self._compute, batch, future_tokens))
-                if inflight is not None:
-                    self._finish_step(*inflight)
-                inflight = launched
-                if inflight is not None and inflight[0].needs_sync:
-                    self._finish_step(*inflight)
-                    inflight = None
-                if batch is None and inflight is None:
-                    self._on_idle()
-
-    def _compute(self, batch: ScheduledBatch, future_tokens: torch.Tensor) -> SamplingResult:
-        """Worker thread: resolve pending input tokens, forward, sample, publish the tokens."""
-        forward = batch.forward
-        if batch.future_positions:
-            forward.input_ids[batch.future_positions] = future_tokens[batch.future_rows].to(
-                forward.input_ids.device)
-        result = self._sample(batch, self.runner.forward(forward))
-        if batch.sampled:
-            future_tokens[batch.sampled_req_rows] = torch.tensor(result.tokens, dtype=torch.int64)
-        return result
-
-    def _finish_step(self, batch: ScheduledBatch, result: Future[SamplingResult]) -> None:
-        self.num_forward_steps += 1
-        self.process_results(batch, result.result())
-        self._report()
-
     def step(self) -> None:
         for message in self.io.recv(blocking=not self.has_work):
             self.handle(message)
@@ -179,10 +172,50 @@ class Scheduler:
         if batch is None:
             self._on_idle()
             return
-        self._checked_idle = False
-        logits = self.runner.forward(batch.forward)
+        self._finish_step(batch, self._sample(batch, self.runner.forward(batch.forward)))
+
+    def run_forever_overlapped(self) -> None:
+        """The overlap loop: step N+1 is scheduled and launched (forward and sampling, in a
+        worker thread) before step N's results are processed, so result handling, streaming and
+        scheduling run while the model computes. A decode entry whose token step N is still
+        sampling reads it from the future-token map when its forward starts."""
+        future_tokens = torch.zeros(self.memory.req_to_token.num_rows, dtype=torch.int64)
+        inflight: Launched | None = None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as worker:
+            while not self.should_stop:
+                for message in self.io.recv(blocking=not self.has_work and inflight is None):
+                    self.handle(message)
+                batch = self.schedule()
+                if inflight is not None and (batch is None
+                                             or _must_finish_first(inflight[0], batch)):
+                    self._finish_step(inflight[0], inflight[1].result())
+                    inflight = None
+                if batch is None:
+                    self._on_idle()
+                    continue
+                launched = (batch, worker.submit(self._compute, batch, future_tokens))
+                if inflight is not None:  # while `batch` computes
+                    self._finish_step(inflight[0], inflight[1].result())
+                inflight = launched
+                if batch.blocks_overlap:
+                    self._finish_step(batch, launched[1].result())
+                    inflight = None
+
+    def _compute(self, batch: ScheduledBatch, future_tokens: torch.Tensor) -> SamplingResult:
+        """Worker thread: resolve pending input tokens, forward, sample, publish the tokens."""
+        forward, future = batch.forward, batch.future
+        if future.positions:
+            forward.input_ids[future.positions] = future_tokens[future.req_pool_indices].to(
+                forward.input_ids.device)
+        result = self._sample(batch, self.runner.forward(forward))
+        if batch.sampled:
+            future_tokens[batch.sampled_req_pool_indices] = torch.tensor(result.tokens,
+                                                                         dtype=torch.int64)
+        return result
+
+    def _finish_step(self, batch: ScheduledBatch, result: SamplingResult) -> None:
         self.num_forward_steps += 1
-        self.process_results(batch, self._sample(batch, logits))
+        self.process_results(batch, result)
         self._report()
 
     def _report(self) -> None:
@@ -191,12 +224,15 @@ class Scheduler:
             self.stats.report(self.snapshot(), now)
 
     def snapshot(self) -> SchedulerSnapshot:
-        total = self.memory.allocator.size
+        allocator, cache = self.memory.allocator, self.memory.cache
         return SchedulerSnapshot(
-            num_running=len(self.running), num_queued=len(self.waiting),
-            token_usage=(total - self.memory.num_available_slots) / total,
-            cache_hit_rate=self.num_cached_tokens / max(self.num_prompt_tokens, 1),
-            num_retracted=self.num_retracted, num_generated=self.num_generated_tokens)
+            num_total_slots=allocator.size, num_free_slots=allocator.num_free,
+            num_cached_slots=cache.total_size, num_evictable_slots=cache.evictable_size,
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+            num_retracted_reqs=self.num_retracted, num_prompt_tokens=self.num_prompt_tokens,
+            num_prefix_hit_tokens=self.num_prefix_hit_tokens,
+            num_generated_tokens=self.num_generated_tokens,
+            num_forward_steps=self.num_forward_steps)
 
     def _on_idle(self) -> None:
         """Once per idle period: with nothing running, every slot must be free or cached."""
@@ -206,22 +242,11 @@ class Scheduler:
             if self.stats is not None:
                 self.stats.report(self.snapshot(), time.monotonic())
 
-    def pool_info(self) -> dict[str, int]:
-        allocator, cache = self.memory.allocator, self.memory.cache
-        return {"num_total_slots": allocator.size, "num_free_slots": allocator.num_free,
-                "num_cached_slots": cache.total_size,
-                "num_evictable_slots": cache.evictable_size,
-                "num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
-                "num_retracted_reqs": self.num_retracted,
-                "num_prompt_tokens": self.num_prompt_tokens,
-                "num_cached_tokens": self.num_cached_tokens,
-                "num_forward_steps": self.num_forward_steps}
-
     def describe_running(self) -> str:
         lines = [f"{len(self.running)} running, {len(self.waiting)} waiting, "
                  f"{self.num_forward_steps} forward passes"]
         lines += [f"  {r.rid}: prompt {len(r.input_ids)}, output {len(r.output_ids)}, "
-                  f"cached {r.cached_len}" for r in self.running]
+                  f"computed {r.computed_len}" for r in self.running]
         return "\n".join(lines)
 
     # -- requests in ------------------------------------------------------------------------
@@ -234,7 +259,8 @@ class Scheduler:
         elif isinstance(message, FlushCacheReq):
             self._flush_cache(message.rid)
         elif isinstance(message, SchedulerInfoReq):
-            self.io.send_reply(ControlReply(rid=message.rid, ok=True, info=self.pool_info()))
+            self.io.send_reply(ControlReply(rid=message.rid, ok=True,
+                                            info=asdict(self.snapshot())))
         else:
             logger.warning("scheduler ignores unexpected message %s", type(message).__name__)
 
@@ -285,8 +311,8 @@ class Scheduler:
         self._finish_aborted()
         # a request whose last token is still being sampled (the overlap loop) waits for it
         decoding = [r for r in self.running if r.extend_len == 1 and r.remaining_new_tokens > 0
-                    and r.fill_len < self.config.context_length]
-        decoding = self._make_room_for(decoding)
+                    and r.total_len < self.config.context_length]
+        decoding = self._retract_for_decode(decoding)
         if decoding:
             self.new_token_ratio.on_step()
         ratio = self.new_token_ratio.value
@@ -295,19 +321,21 @@ class Scheduler:
             token_budget=self.config.chunked_prefill_size,
             free_slots=available - len(decoding),
             unreserved_slots=available - sum(future_slots(r, ratio) for r in self.running),
-            free_rows=min(self.memory.num_free_rows,
-                          self.config.max_running_requests - len(self.running)),
+            free_req_pool_indices=min(self.memory.num_free_req_pool_indices,
+                                      self.config.max_running_requests - len(self.running)),
             new_token_ratio=ratio)
         for req in self.running:
             if req.extend_len > 1 and not adder.add_chunk(req):
                 break
         self._admit(adder)
-        rows = [(r, 1) for r in decoding] + adder.rows
-        if not rows:
+        entries = [(r, 1) for r in decoding] + adder.entries
+        if not entries:
             return None
         if self.record_event is not None:
-            self.record_event("batch " + " ".join(f"{r.rid}+{n}@{r.cached_len}" for r, n in rows))
-        return self._build(rows)
+            self.record_event("batch " + " ".join(f"{r.rid}+{n}@{r.computed_len}"
+                                                  for r, n in entries))
+        self._checked_idle = False
+        return self._build(entries)
 
     def _admit(self, adder: PrefillAdder) -> None:
         """Admit waiting requests in policy order until one does not fit. A request that shares
@@ -327,27 +355,29 @@ class Scheduler:
                 break
             self.waiting.popleft()
             first_admission = not req.was_admitted
-            self.memory.admit(req, match)
+            self.memory.acquire(req, match)
             self.running.append(req)
             if first_admission:
                 self.num_prompt_tokens += len(req.input_ids)
-                self.num_cached_tokens += req.cached_tokens
+                self.num_prefix_hit_tokens += req.prefix_hit_len
             if self.record_event is not None:
                 self.record_event(f"admit {req.rid} prefix={len(match.slots)}")
         self.waiting.extendleft(reversed(deferred))
 
     def _computed_in_this_step(self, req: Req, cached: int, adder: PrefillAdder) -> bool:
-        """Whether a prefill row of this step computes more than `IN_BATCH_PREFIX_MIN` of the
+        """Whether a prefill entry of this step computes more than `IN_BATCH_PREFIX_MIN` of the
         tokens `req` would compute beyond its `cached` prefix."""
         if not self.memory.cache.shares:
             return False
-        ids = req.fill_ids[:req.max_prefix_match_len]
+        ids = req.token_ids[:req.max_prefix_match_len]
         return any(
-            min(common_prefix_len(ids, other.fill_ids), other.cached_len + n) - cached
-            > IN_BATCH_PREFIX_MIN for other, n in adder.rows)
+            min(common_prefix_len(ids, other.token_ids), other.computed_len + n) - cached
+            > IN_BATCH_PREFIX_MIN for other, n in adder.entries)
 
-    def _make_room_for(self, decoding: list[Req]) -> list[Req]:
-        """Retract the least-advanced requests until every remaining decode row has a slot."""
+    def _retract_for_decode(self, decoding: list[Req]) -> list[Req]:
+        """Retract the least-advanced requests until every remaining decode entry has a slot;
+        a retracted request goes back to the front of the queue (`ReqMemory.release` caches
+        what it computed)."""
         while len(decoding) > self.memory.num_available_slots and len(self.running) > 1:
             victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
             self.running.remove(victim)
@@ -362,52 +392,69 @@ class Scheduler:
             decoding = [r for r in decoding if r is not victim]
         return decoding
 
-    def _build(self, rows: list[tuple[Req, int]]) -> ScheduledBatch:
-        """The step's tensors; each request's progress advances now, before the forward runs, so
-        the overlap loop can schedule the next step while this one computes."""
-        reqs = [r for r, _ in rows]
-        extend_lens = [n for _, n in rows]
+    def _build(self, entries: list[Entry]) -> ScheduledBatch:
+        """The step's batch: its tensors, then each request's progress advances (now, before the
+        forward runs, so the overlap loop can schedule the next step while this one computes),
+        then what sampling does."""
+        plan = plan_logits(entries)
+        forward, future = self._forward_batch(entries, plan)
+        sampled = self._advance_progress(entries)
+        sampled_reqs = [entries[i][0] for i in sampled]
+        logit_rows = [plan.last_rows[i] for i in sampled] if plan else sampled
+        return ScheduledBatch(
+            entries=entries, forward=forward, sampled=sampled,
+            sampled_req_pool_indices=[_req_pool_idx(r) for r in sampled_reqs],
+            epochs=[r.epoch for r, _ in entries],
+            work=SamplingWork(sampled_reqs, logit_rows, plan.slices if plan else []),
+            future=future, logits_plan=plan)
+
+    def _forward_batch(self, entries: list[Entry],
+                       plan: LogitsPlan | None) -> tuple[ForwardBatch, FutureInputs]:
+        """The forward's tensors, with each entry's new slots taken (evicting cached prefixes
+        first when the free list is short) and written into its req_to_token entry."""
+        reqs = [r for r, _ in entries]
+        extend_lens = [n for _, n in entries]
+        self.memory.evict_for(sum(extend_lens))
         out_cache_loc = self.memory.alloc_slots(reqs, extend_lens)
         input_ids: list[int] = []
         positions: list[int] = []
-        future_positions: list[int] = []
-        future_rows: list[int] = []
-        for req, n in rows:
-            start = req.cached_len
+        future = FutureInputs()
+        for req, n in entries:
+            start = req.computed_len
             if n == 1 and req.num_pending:
-                future_positions.append(len(input_ids))
-                future_rows.append(req.row)  # type: ignore[arg-type]
+                future.positions.append(len(input_ids))
+                future.req_pool_indices.append(_req_pool_idx(req))
                 input_ids.append(0)
             elif n == 1 and req.output_ids:
                 input_ids.append(req.output_ids[-1])
             else:
-                input_ids += req.fill_ids[start:start + n]
+                input_ids += req.token_ids[start:start + n]
             positions += range(start, start + n)
         device = out_cache_loc.device
         forward = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
             positions=torch.tensor(positions, dtype=torch.int64, device=device),
             out_cache_loc=out_cache_loc,
-            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=device),
-            seq_lens=torch.tensor([r.cached_len + n for r, n in rows], dtype=torch.int64,
+            req_pool_indices=torch.tensor([_req_pool_idx(r) for r in reqs], dtype=torch.int64,
+                                          device=device),
+            seq_lens=torch.tensor([r.computed_len + n for r, n in entries], dtype=torch.int64,
                                   device=device),
             extend_lens=extend_lens)
-        plan = plan_logits(rows)
         if plan is not None:
             forward.logit_indices = torch.tensor(plan.indices, dtype=torch.int64, device=device)
-        sampled = [i for i, (req, n) in enumerate(rows) if req.cached_len + n == req.fill_len]
-        for req, n in rows:
-            req.cached_len += n
+        return forward, future
+
+    @staticmethod
+    def _advance_progress(entries: list[Entry]) -> list[int]:
+        """Move each request's `computed_len` past this step's tokens (vLLM's
+        `_update_after_schedule`); an entry that reaches `total_len` samples a token, pending
+        until the step's results are processed. Returns those entries."""
+        sampled = [i for i, (req, n) in enumerate(entries) if req.computed_len + n == req.total_len]
+        for req, n in entries:
+            req.computed_len += n
         for i in sampled:
-            rows[i][0].num_pending += 1
-        sampled_reqs = [rows[i][0] for i in sampled]
-        logit_rows = [plan.last_rows[i] for i in sampled] if plan else sampled
-        work = SamplingWork(sampled_reqs, logit_rows, plan.slices if plan else [])
-        return ScheduledBatch(rows=rows, forward=forward, sampled=sampled,
-                              sampled_req_rows=[r.row for r in sampled_reqs],  # type: ignore[misc]
-                              epochs=[r.epoch for r in reqs], work=work,
-                              future_positions=future_positions, future_rows=future_rows,
-                              logits_plan=plan)
+            entries[i][0].num_pending += 1
+        return sampled
 
     # -- results out ------------------------------------------------------------------------
 
@@ -417,24 +464,24 @@ class Scheduler:
         return self.sampling(logits, batch.work)
 
     def process_results(self, batch: ScheduledBatch, result: SamplingResult) -> None:
-        """Append each sampled token, check stops, stream, and release finished requests. Rows
-        of requests that gave their KV back since the batch was built (finished, aborted or
-        retracted while it ran) are stale: their tokens are dropped."""
+        """Append each sampled token, check stops, stream, and release finished requests.
+        Entries of requests that gave their KV back since the batch was built (finished,
+        aborted or retracted while it ran) are stale: their tokens are dropped."""
         if batch.logits_plan is not None:
             batch.logits_plan.record(result.prompt_logprobs)
         logprobs = result.logprobs or [None] * len(batch.sampled)
         appended = []
         for i, token, token_logprobs in zip(batch.sampled, result.tokens, logprobs):
-            req = batch.rows[i][0]
+            req = batch.entries[i][0]
             if req.epoch != batch.epochs[i] or req.finish is not None:
                 continue
             req.num_pending -= 1
-            req.output_ids.append(token)
+            req.append_token(token)
             if token_logprobs is not None and req.output_logprobs is not None:
                 req.output_logprobs.extend(token_logprobs)
             req.finish = self.stop_checker.check(req)
             appended.append(req)
-        for (req, n), epoch in zip(batch.rows, batch.epochs):
+        for (req, n), epoch in zip(batch.entries, batch.epochs):
             if n > 1 and req.epoch == epoch and req.finish is None:
                 self.memory.cache_progress(req)
         self.num_generated_tokens += len(appended)
@@ -466,8 +513,13 @@ class Scheduler:
         return ReqTokenOut(
             rid=req.rid, new_ids=new_ids, finish=req.finish,
             prompt_tokens=len(req.input_ids), completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
+            cached_tokens=req.prefix_hit_len,
             skip_special_tokens=req.sampling.skip_special_tokens,
             decode_prefix_ids=req.input_ids[-DECODE_PREFIX_LEN:] if first else [],
             stop=req.sampling.stop if first else [],
             logprobs=logprobs, prompt_logprobs=req.prompt_logprobs if first else None)
+
+
+def _req_pool_idx(req: Req) -> int:
+    assert req.req_pool_idx is not None, "a scheduled request holds a req_to_token entry"
+    return req.req_pool_idx

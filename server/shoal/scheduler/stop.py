@@ -32,7 +32,7 @@ class StopChecker:
                 finish = self._matched_stop_string(req)
                 if finish is not None:
                     return finish
-        if len(req.output_ids) >= params.max_new_tokens or req.fill_len >= self.context_length:
+        if len(req.output_ids) >= params.max_new_tokens or req.total_len >= self.context_length:
             return FinishReason(kind="length")
         return None
 

@@ -1,7 +1,7 @@
 """Scheduler watchdog: a batch is running but the forward count has not moved for too long.
 
 On timeout it logs the running batch, dumps the stacks of this rank with py-spy (when present),
-writes the termination message and exits 86 (DESIGN.md 4).
+writes the termination message and exits 86 (docs/contracts.md, "Exit codes").
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from shoal.ipc.messages import (
     TokenLogprobs,
 )
 from shoal.ports import free_port
+from tests.support.wait import wait_until
 
 WORDS = ["Hello", ",", " world", "!", " How"]
 WORD_IDS = [100 + i for i in range(len(WORDS))]
@@ -189,10 +190,7 @@ class ServerThread:
 
     def start(self) -> ServerThread:
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
+        wait_until(lambda: self.server.started, timeout=10, what="uvicorn starts", interval=0.01)
         return self
 
     def stop(self) -> None:
