@@ -1,0 +1,158 @@
+"""Acceptance 2, 3 (watchdog, SIGKILL) and 7 on one multi-node group: `replicas: 1`, `engine:
+{tp: 2, nnodes: 2}` on the default model, two pods of one rank each that find each other by DNS
+name. The tests share the group (starting one takes a minute on this machine) and run in file
+order; each begins with the group Ready and leaves it Ready.
+
+The group carries `SHOAL_FAULT=hang_forward:rank=1:after_steps=40`: every incarnation of rank 1
+hangs after 40 forward passes, so short requests (a few forwards) work and a long one triggers
+the watchdog (5 s)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.kube.operator.conftest import (
+    ENGINE_ARGS,
+    Deployments,
+    Operator,
+    rendezvous_env,
+    wait_restarted,
+)
+from tests.support.kube.waiting import wait_until
+
+NAME = "llm"
+HANG_AFTER_STEPS = 40
+FAULT = {"name": "SHOAL_FAULT", "value": f"hang_forward:rank=1:after_steps={HANG_AFTER_STEPS}"}
+
+
+@pytest.fixture(scope="module")
+def group(module_deployments: Deployments) -> Deployments:
+    rendezvous = rendezvous_env(module_deployments.namespace, NAME)
+    module_deployments.create(NAME, {
+        "replicas": 1,
+        "engine": {"tp": 2, "nnodes": 2, "args": ENGINE_ARGS, "env": [FAULT, rendezvous]},
+        # backoffs 2, 4, 8 s for the three restarts below: the last leaves time to kill the
+        # operator while the group waits
+        "restartPolicy": {"backoff": {"initialSeconds": 2, "maxSeconds": 8}},
+    })
+    return module_deployments
+
+
+@pytest.fixture
+def mds(group: Deployments) -> Deployments:
+    group.wait_ready(NAME)
+    return group
+
+
+def _assert_serves(mds: Deployments) -> str:
+    response = mds.chat(NAME, max_tokens=8)
+    assert response.status_code == 200, response.text
+    text = response.json()["choices"][0]["message"]["content"]
+    assert text.strip()
+    return text
+
+
+def _restart_event(mds: Deployments, incarnation: int) -> Any:
+    return wait_until(lambda: next((e for e in mds.events(NAME) if e.reason == "GroupRestart"
+                                    and e.metadata.name.endswith(f".restart-{incarnation}")),
+                                   None), 30, message=f"no GroupRestart event #{incarnation}")
+
+
+def test_two_pods_one_rank_each_serve_through_the_service(mds: Deployments) -> None:
+    status = mds.status(NAME)
+    assert status["readyReplicas"] == 1 and status["replicas"] == 1
+    assert status["endpoint"] == f"{NAME}.{mds.namespace}.svc.cluster.local:30000"
+    pods = {p.metadata.name: p for p in mds.pods(NAME)}
+    assert sorted(pods) == ["llm-0-0", "llm-0-1"]
+    for rank, pod in enumerate(pods.values()):
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert env["SHOAL_NODE_RANK"] == str(rank)
+        assert env["SHOAL_DIST_INIT_ADDR"].startswith(  # the DNS name of the group's node 0
+            f"llm-0-0.llm-nodes.{mds.namespace}.svc.cluster.local:")
+        assert (pod.spec.hostname, pod.spec.subdomain) == (pod.metadata.name, "llm-nodes")
+        # one rank per pod: this pod's scheduler and no other
+        mds.rank_process(pod.metadata.name, f"shoal::scheduler_TP{rank}")
+        titles = " ".join(" ".join(p.cmdline()) for p in
+                          mds.kubelet.pod_processes(mds.namespace, pod.metadata.name))
+        assert f"shoal::scheduler_TP{1 - rank}" not in titles
+    assert sorted(mds.services(NAME)) == ["llm", "llm-nodes"]
+    # the address the Service's EndpointSlice lists is node 0's pod
+    assert mds.serving_address(NAME) == f"http://{pods['llm-0-0'].status.pod_ip}:30000"
+    _assert_serves(mds)
+
+
+def test_a_killed_rank_recreates_the_whole_group(mds: Deployments) -> None:
+    old = mds.pod_uids(NAME)
+    mds.rank_process("llm-0-1", "shoal::scheduler_TP1").kill()
+    status = wait_restarted(mds, NAME, "crash", 1, old)
+    group = status["groups"][0]
+    assert group["lastTermination"]["pod"] == "llm-0-1"
+    assert group["lastTermination"]["exitCode"] == 137
+    event = _restart_event(mds, 1)
+    assert "llm-0-1" in event.message and "node rank 1" in event.message
+    assert "exited 137" in event.message and "SIGKILL" in event.message
+    mds.wait_ready(NAME)
+    assert not set(old.values()) & set(mds.pod_uids(NAME).values())
+    _assert_serves(mds)
+
+
+def _hang(mds: Deployments) -> threading.Thread:
+    """A request long enough to reach the injected hang, on a thread (it fails when the group
+    goes)."""
+    thread = threading.Thread(target=mds.chat_until_it_breaks,
+                              args=(NAME, 4 * HANG_AFTER_STEPS), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_hung_rank_recreates_the_whole_group(mds: Deployments) -> None:
+    old = mds.pod_uids(NAME)
+    hanging = _hang(mds)
+    status = wait_restarted(mds, NAME, "watchdog", 1, old)
+    assert status["restartsByReason"] == {"crash": 1, "watchdog": 1}
+    ending = status["groups"][0]["lastTermination"]
+    assert (ending["exitCode"], ending["reason"]) == (86, "watchdog")
+    event = _restart_event(mds, 2)
+    assert "exited 86 (watchdog" in event.message and "no forward progress" in event.message
+    mds.wait_ready(NAME)
+    hanging.join(timeout=90)
+    assert not set(old.values()) & set(mds.pod_uids(NAME).values())
+    _assert_serves(mds)  # a few forwards: below the fault's threshold again
+
+
+def test_an_operator_killed_during_a_group_restart_neither_duplicates_nor_recounts(
+        mds: Deployments, operator: Operator) -> None:
+    old = mds.pod_uids(NAME)
+    mds.rank_process("llm-0-0", "shoal::scheduler_TP0").kill()
+    # the failure is counted and the group is waiting out its 8 s backoff: kill the operator
+    wait_until(lambda: mds.status(NAME)["groups"][0]["phase"] == "Restarting", 60,
+               interval=0.1, message="group not Restarting")
+    operator.kill()
+    counted = mds.status(NAME)
+    assert counted["restartsByReason"] == {"crash": 2, "watchdog": 1}
+    time.sleep(3)
+    operator.start()
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # watch every pod that appears until Ready again
+        pods = mds.pods(NAME)
+        seen.update({p.metadata.uid: p.metadata.name for p in pods})
+        live = [p for p in pods if not p.metadata.deletion_timestamp]
+        assert len(live) <= 2, [p.metadata.name for p in live]
+        if mds.status(NAME).get("phase") == "Ready" and len(live) == 2 and \
+                not set(old.values()) & {p.metadata.uid for p in pods}:
+            break
+        time.sleep(0.5)
+    mds.wait_ready(NAME)
+    new = {uid: name for uid, name in seen.items() if uid not in old.values()}
+    assert sorted(new.values()) == ["llm-0-0", "llm-0-1"]  # created once each: no duplicates
+    status = mds.status(NAME)
+    assert status["restartsByReason"] == {"crash": 2, "watchdog": 1}
+    assert status["groups"][0]["restarts"] == 3
+    assert len([e for e in mds.events(NAME) if e.reason == "GroupRestart"]) == 3
+    operator.check_running()
+    _assert_serves(mds)
