@@ -5,7 +5,6 @@ and about itself only wake the daemon early."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -36,11 +35,17 @@ class Wakeups:
     def poke(self, namespace: str, name: str) -> None:
         self._event(namespace, name).set()
 
-    async def sleep(self, namespace: str, name: str, seconds: float) -> None:
-        """Until `seconds` pass or something pokes this ModelDeployment."""
+    async def sleep(self, namespace: str, name: str, seconds: float,
+                    stopped: kopf.DaemonStopped) -> None:
+        """Until `seconds` pass, something pokes this ModelDeployment, or its daemon is asked
+        to stop."""
         event = self._event(namespace, name)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=seconds)
+        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())}
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
         event.clear()
 
     def forget(self, namespace: str, name: str) -> None:
@@ -51,13 +56,17 @@ class Wakeups:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
+    # No watch on CRDs and namespaces (the CRD comes with the chart, the namespaces are given):
+    # the chart's RBAC then needs no cluster-scoped permission and kopf logs no 403s.
+    settings.scanning.disabled = True
 
 
 @kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, cancellation_timeout=10.0,
              backoff=RETRY_S)
-async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
+                                stopped: kopf.DaemonStopped, **_: Any) -> None:
     try:
-        while True:
+        while not stopped:
             try:
                 delay = await asyncio.to_thread(reconcile, memo.kube, namespace, name,
                                                 memo.config)
@@ -68,7 +77,7 @@ async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo, **_:
             except urllib3.exceptions.HTTPError as exc:
                 logger.warning("%s/%s: API unreachable (%s); retrying", namespace, name, exc)
                 delay = RETRY_S
-            await memo.wakeups.sleep(namespace, name, min(delay or RESYNC_S, RESYNC_S))
+            await memo.wakeups.sleep(namespace, name, min(delay or RESYNC_S, RESYNC_S), stopped)
     finally:
         memo.wakeups.forget(namespace, name)
 
