@@ -61,7 +61,7 @@ def test_operator_runs_non_root_read_only_with_probes_on_its_health_endpoint() -
     assert container["securityContext"] == {"allowPrivilegeEscalation": False,
                                             "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
-    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert "volumeMounts" not in container and "volumes" not in pod
     assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
