@@ -74,20 +74,38 @@ def test_flags_and_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_args(["--namespace", "c"]).namespaces == ["c"]  # a flag wins
 
 
-def test_a_poke_wakes_the_daemon_early() -> None:
-    async def scenario() -> tuple[float, float]:
-        wakeups = Wakeups()
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        loop.call_later(0.05, wakeups.poke, "ns", "llm")
-        await wakeups.sleep("ns", "llm", 5.0)
-        poked = loop.time() - start
-        start = loop.time()
-        await wakeups.sleep("ns", "llm", 0.05)  # the poke was consumed: a full sleep now
-        return poked, loop.time() - start
+class _Stop:
+    """Stands in for kopf's DaemonStopped: `await stop.wait()` returns once it is set."""
 
-    poked, slept = asyncio.run(scenario())
-    assert poked < 1.0 and slept >= 0.05
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
+def test_a_poke_or_a_stop_wakes_the_daemon_early() -> None:
+    async def scenario() -> tuple[float, float, float]:
+        wakeups, stop = Wakeups(), _Stop()
+        loop = asyncio.get_running_loop()
+
+        async def timed(seconds: float) -> float:
+            start = loop.time()
+            await wakeups.sleep("ns", "llm", seconds, stop)  # type: ignore[arg-type]
+            return loop.time() - start
+
+        loop.call_later(0.05, wakeups.poke, "ns", "llm")
+        poked = await timed(5.0)
+        slept = await timed(0.05)  # the poke was consumed: a full sleep now
+        loop.call_later(0.05, stop.event.set)
+        stopped = await timed(5.0)
+        return poked, slept, stopped
+
+    poked, slept, stopped = asyncio.run(scenario())
+    assert poked < 1.0 and slept >= 0.05 and stopped < 1.0
 
 
 def test_a_group_record_reads_back_what_it_wrote() -> None:

@@ -15,7 +15,7 @@ from tests.e2e.kube.operator.conftest import (
 )
 from tests.support.kube.waiting import wait_until
 
-QUIET_S = 15.0  # how long "nothing happens" is watched
+QUIET_S = 8.0  # how long "nothing happens" is watched
 DIVERGE_AFTER_EVENTS = 30  # an event per scheduling step: 4 tokens are ~6, 64 tokens ~66
 
 
