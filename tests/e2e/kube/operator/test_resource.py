@@ -1,15 +1,21 @@
-"""Acceptance 6: the apiserver refuses invalid ModelDeployments by the CRD's schema alone, with a
-message that names the field; defaults are filled in."""
+"""The resource in the real apiserver. Acceptance 6: invalid ModelDeployments are refused by the
+CRD's schema alone, with a message that names the field. Defaults are filled in; the scale
+subresource (`kubectl scale`) and the printer columns work."""
 
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
+import httpx
 import kubernetes
 import pytest
+import yaml
 
-from tests.e2e.kube.operator.conftest import Deployments
+from tests.e2e.kube.operator.conftest import GROUP, PLURAL, VERSION, Deployments
+from tests.support.kube.cluster import KubeCluster
+from tests.support.kube.waiting import wait_until
 
 INVALID = [
     ({"engine": {"tp": 0}}, "spec.engine.tp"),
@@ -58,3 +64,39 @@ def test_defaults_are_filled_in(deployments: Deployments) -> None:
         "recreateGroupOn": ["watchdog", "consensus", "peer-lost", "crash", "oom"],
         "maxGroupRestarts": 10, "backoff": {"initialSeconds": 10, "maxSeconds": 300}}
     assert spec["rollout"] == {"maxUnavailable": 1, "maxSurge": 0}
+
+
+def test_kubectl_scale_and_the_printer_columns(deployments: Deployments,
+                                               kube_cluster: KubeCluster) -> None:
+    """The scale subresource (what `kubectl scale` uses) and the columns of `kubectl get md`.
+    Pods that fail at once (a bad flag: 88) keep it quick: no model is loaded."""
+    mds = deployments
+    mds.create("scaled", {"replicas": 2, "engine": {"args": ["--no-such-flag"]}})
+    wait_until(lambda: [g["phase"] for g in mds.status("scaled").get("groups", [])] == [
+        "Failed", "Failed"], 120, interval=0.5, message="groups not Failed")
+    mds.custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, mds.namespace, PLURAL, "scaled", {"spec": {"replicas": 1}})
+    assert mds.get("scaled")["spec"]["replicas"] == 1
+    # group 1 goes; group 0 tries again (a new generation) and fails again
+    wait_until(lambda: [(g["name"], g["phase"]) for g in mds.status("scaled")["groups"]] == [
+        ("scaled-0", "Failed")] and {p.metadata.name for p in mds.pods("scaled")} == {
+        "scaled-0-0"}, 120, interval=0.5, message="group scaled-1 not removed")
+    scale = mds.custom.get_namespaced_custom_object_scale(GROUP, VERSION, mds.namespace,
+                                                          PLURAL, "scaled")
+    assert scale["spec"]["replicas"] == 1
+    selector = scale["status"]["selector"]
+    assert "app.kubernetes.io/instance=scaled" in selector and "shoal.dev/node-rank=0" in selector
+    assert [p.metadata.name for p in mds.core.list_namespaced_pod(
+        mds.namespace, label_selector=selector).items] == ["scaled-0-0"]
+
+    token = yaml.safe_load(kube_cluster.admin_kubeconfig.read_text())["users"][0]["user"]["token"]
+    table = httpx.get(
+        f"{kube_cluster.server}/apis/{GROUP}/{VERSION}/namespaces/{mds.namespace}/{PLURAL}",
+        headers={"Authorization": f"Bearer {token}",
+                 "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        verify=ssl.create_default_context(cafile=str(kube_cluster.ca_file))).json()
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    assert columns[:5] == ["Name", "Replicas", "Ready", "Phase", "Restarts"]
+    assert "Age" in columns
+    (row,) = table["rows"]
+    assert row["cells"][:5] == ["scaled", 1, 0, "Failed", 0]
