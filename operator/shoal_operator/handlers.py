@@ -18,9 +18,17 @@ from shoal_operator.reconcile import reconcile
 RESYNC_S = 10.0  # a pass at least this often, events or not
 RETRY_S = 2.0  # after the API refused or failed an action
 CONFLICT_RETRY_S = 0.2  # the ModelDeployment changed under the pass: plan again at once
+MIN_PASS_INTERVAL_S = 0.1
 FINALIZER = "shoal.dev/operator"  # kopf's, so it can stop a daemon before its resource goes
 
 logger = logging.getLogger(__name__)
+
+
+def next_pass_in(requeue_after: float | None) -> float:
+    """Seconds to the next pass: the plan's deadline, but at least every RESYNC_S."""
+    if requeue_after is None:
+        return RESYNC_S
+    return min(max(requeue_after, MIN_PASS_INTERVAL_S), RESYNC_S)
 
 
 class Wakeups:
@@ -77,7 +85,7 @@ async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
             except urllib3.exceptions.HTTPError as exc:
                 logger.warning("%s/%s: API unreachable (%s); retrying", namespace, name, exc)
                 delay = RETRY_S
-            await memo.wakeups.sleep(namespace, name, min(delay or RESYNC_S, RESYNC_S), stopped)
+            await memo.wakeups.sleep(namespace, name, next_pass_in(delay), stopped)
     finally:
         memo.wakeups.forget(namespace, name)
 

@@ -15,7 +15,7 @@ import pytest
 import shoal_operator
 from shoal_operator.__main__ import parse_args
 from shoal_operator.config import DEFAULT_IMAGE
-from shoal_operator.handlers import Wakeups
+from shoal_operator.handlers import RESYNC_S, Wakeups, next_pass_in
 from shoal_operator.status import Ending, GroupRecord
 
 
@@ -106,6 +106,13 @@ def test_a_poke_or_a_stop_wakes_the_daemon_early() -> None:
 
     poked, slept, stopped = asyncio.run(scenario())
     assert poked < 1.0 and slept >= 0.05 and stopped < 1.0
+
+
+def test_the_next_pass_comes_at_the_plans_deadline_or_the_resync() -> None:
+    assert next_pass_in(None) == RESYNC_S
+    assert next_pass_in(3.0) == 3.0
+    assert next_pass_in(600.0) == RESYNC_S
+    assert 0 < next_pass_in(0.0) < 1  # a zero backoff: at once, but never a busy loop
 
 
 def test_a_group_record_reads_back_what_it_wrote() -> None:
