@@ -92,7 +92,9 @@ async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
 
 @kopf.on.event("", "v1", "pods", labels={names.MANAGED_BY: names.OPERATOR})
 async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    memo.wakeups.poke(namespace, labels[names.INSTANCE])
+    owner = labels.get(names.INSTANCE)
+    if owner:
+        memo.wakeups.poke(namespace, owner)
 
 
 @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL)
