@@ -24,7 +24,7 @@ the chart's name, else "<release>-<chart>". Cut to 63 characters (the DNS label 
 {{- end }}
 {{- end }}
 
-{{/* The operator's Deployment, pods, RBAC objects and Service: "<fullname>-operator". */}}
+{{/* The operator's Deployment, ServiceAccount and RBAC objects: "<fullname>-operator". */}}
 {{- define "shoal.operatorName" -}}
 {{- printf "%s-operator" (include "shoal.fullname" . | trunc 54 | trimSuffix "-") }}
 {{- end }}
