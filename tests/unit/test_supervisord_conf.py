@@ -157,6 +157,18 @@ def test_cli_prints_the_config(tmp_path: Path) -> None:
     assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
 
 
+def test_cli_without_a_run_dir_picks_a_private_one(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "shoal", "supervisord-conf", "--exit-listener", str(LISTENER)],
+        capture_output=True, text=True, check=True, env={**os.environ, "TMPDIR": str(tmp_path)}
+    ).stdout
+    (run_dir,) = {Path(line.split("=", 1)[1]).parent for line in out.splitlines()
+                  if line.startswith("logfile=")}
+    assert run_dir.parent == tmp_path and run_dir.name.startswith("shoal-")
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert f"--run-dir {run_dir}" in out
+
+
 # --- the listener's decisions -------------------------------------------------------------
 
 SUPERVISORD_LOG = """\
