@@ -1,5 +1,6 @@
 # shoal appliance image: supervisord runs the server's components; the container's exit code and
-# termination message say why it ended (docs/image.md).
+# termination message say why it ended (docs/image.md). The same image runs the Kubernetes
+# operator (`python -m shoal_operator`, the Helm chart's Deployment).
 #
 #   GPU (default base):  mkdir -p build/wheelhouse && docker build -t shoal .
 #   CPU, offline:        see `make image-smoke` (a local Debian base, every wheel from
@@ -31,6 +32,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 COPY build/wheelhouse/ /wheels/
 COPY pyproject.toml README.md /src/
 COPY server/ /src/server/
+COPY operator/ /src/operator/
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip wheel ${PIP_INDEX_ARGS} --find-links /wheels --no-deps \
         --wheel-dir /dist /src \

