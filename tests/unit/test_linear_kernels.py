@@ -1,82 +1,164 @@
-"""The CPU weight layout and the linear kernels behind it compute what `F.linear` computes."""
+"""Linear kernels chosen by measurement: the choice from timings, the stored layouts and int8
+weights computing what `F.linear` computes, tied weights, the probe child, forward threads."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.engine.threads import RankThreads, forward_threads
 from shoal.models import linear_kernels
-from shoal.models.linear_kernels import linear, use_fast_layout
+from shoal.models.kernel_probe import runs_in_child
+from shoal.models.layers import _Linear
+from shoal.models.linear_kernels import (
+    FLOAT_KERNELS,
+    INT8_KERNELS,
+    LARGE_FORWARD_TOKENS,
+    ROW_BUCKETS,
+    Kernel,
+    LinearKernel,
+    bucket_index,
+    choose,
+    prepare_linears,
+)
+from shoal.models.quantization import quantize_per_channel
+
+
+class _Weighted(_Linear):
+    def __init__(self, out: int, inp: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(out, inp), requires_grad=False)
 
 
 class _Tied(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Embedding(300, 48)
-        self.proj = nn.Linear(48, 96, bias=True)
-        self.head = nn.Linear(48, 300, bias=False)
+        self.embed = _Weighted(300, 48)
+        self.proj = _Weighted(96, 48)
+        self.head = _Weighted(300, 48)
         self.head.weight = self.embed.weight
-        self.norm = nn.Parameter(torch.randn(48))
+        self.norm = nn.Parameter(torch.randn(48), requires_grad=False)
 
 
 @pytest.fixture
 def model() -> _Tied:
     torch.manual_seed(0)
-    return _Tied().requires_grad_(False)
+    return _Tied()
 
 
-def test_layout_keeps_values_shapes_and_ties(model: _Tied) -> None:
+def _kernels(*specs: tuple[str, str]) -> tuple[Kernel, ...]:
+    return tuple(Kernel(name, layout, lambda x, w: x) for name, layout in specs)
+
+
+def test_choice_keeps_the_layout_that_loses_least_and_the_best_kernel_per_bucket() -> None:
+    kernels = _kernels(("a-row", "row"), ("a-col", "col"), ("b-col", "col"))
+    # col is 2x faster at one row and 10% slower at the others: the layout that loses least
+    seconds = {("a-row", 0): 2.0, ("a-col", 0): 1.0, ("b-col", 0): 1.5}
+    for b in range(1, len(ROW_BUCKETS)):
+        seconds |= {("a-row", b): 1.0, ("a-col", b): 1.2, ("b-col", b): 1.1}
+    choice = choose(seconds, kernels)
+    assert choice.layout == "col"
+    assert choice.kernels == ("a-col",) + ("b-col",) * (len(ROW_BUCKETS) - 1)
+
+
+def test_choice_skips_untimed_kernels_and_fails_without_any() -> None:
+    kernels = _kernels(("fast-but-broken", "row"), ("slow", "col"))
+    seconds = {("slow", b): 1.0 for b in range(len(ROW_BUCKETS))} | {("fast-but-broken", 0): 0.1}
+    assert choose(seconds, kernels).kernels == ("slow",) * len(ROW_BUCKETS)
+    with pytest.raises(RuntimeError):
+        choose({}, kernels)
+
+
+@pytest.mark.parametrize("rows, bucket", [(1, 0), (2, 1), (11, 1), (12, 2), (255, 2),
+                                          (LARGE_FORWARD_TOKENS, 3), (4096, 3)])
+def test_bucket_of_a_row_count(rows: int, bucket: int) -> None:
+    assert bucket_index(rows) == bucket
+
+
+def test_float_weights_keep_values_shapes_and_ties(model: _Tied) -> None:
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    use_fast_layout(model)
+    choices = prepare_linears(model, "none", threads=(1, 1))
+    assert set(choices) == {(300, 48), (96, 48)}
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
     assert model.head.weight is model.embed.weight
-    assert model.proj.weight.stride() == (1, 96)  # column-major [out=96, in=48]
-    assert model.norm.stride() == (1,)
+    assert model.head.linear_kernel is model.embed.linear_kernel
+    layout = choices[96, 48].layout
+    assert model.proj.weight.stride() == ((1, 96) if layout == "col" else (48, 1))
     ids = torch.tensor([0, 7, 299])
-    assert torch.equal(F.embedding(ids, model.embed.weight), before["embed.weight"][ids])
+    assert model.embed.linear_kernel is not None
+    assert torch.equal(model.embed.linear_kernel.rows(ids), before["embed.weight"][ids])
 
 
-@pytest.mark.parametrize("rows", [1, 2, 7, 64])
-def test_linear_matches_f_linear(model: _Tied, rows: int) -> None:
+@pytest.mark.parametrize("kernel", FLOAT_KERNELS, ids=lambda k: k.name)
+@pytest.mark.parametrize("rows", [1, 3, 40, LARGE_FORWARD_TOKENS])
+def test_every_float_kernel_matches_f_linear(kernel: Kernel, rows: int) -> None:
+    weight = torch.randn(96, 48)
+    stored = linear_kernels.StoredWeight(weight.t().contiguous().t() if kernel.layout == "col"
+                                         else weight)
+    product = LinearKernel(stored, [kernel] * len(ROW_BUCKETS))
+    x = torch.randn(48, rows).t()  # a non-contiguous input too
+    torch.testing.assert_close(product(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", INT8_KERNELS, ids=lambda k: k.name)
+@pytest.mark.parametrize("rows", [1, 5, LARGE_FORWARD_TOKENS])
+def test_every_int8_kernel_is_close_to_the_float_product(kernel: Kernel, rows: int) -> None:
+    weight = torch.randn(96, 48)
+    q, scale = quantize_per_channel(weight)
+    product = LinearKernel(linear_kernels.StoredWeight.int8(q, scale),
+                           [kernel] * len(ROW_BUCKETS))
     x = torch.randn(rows, 48)
-    expected = F.linear(x, model.proj.weight, model.proj.bias)
-    expected_head = F.linear(x, model.head.weight)
-    use_fast_layout(model)
-    torch.testing.assert_close(linear(x, model.proj.weight, model.proj.bias), expected,
-                               rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(linear(x, model.head.weight), expected_head, rtol=1e-5, atol=1e-5)
+    expected = F.linear(x, weight)
+    error = (product(x) - expected).norm() / expected.norm()
+    assert error < 0.02, f"{kernel.name}: relative error {error:.4f}"
 
 
-def test_linear_takes_a_non_contiguous_input(model: _Tied) -> None:
-    use_fast_layout(model)
-    x = torch.randn(48, 5).t()
-    torch.testing.assert_close(linear(x, model.proj.weight, model.proj.bias),
-                               F.linear(x.contiguous(), model.proj.weight, model.proj.bias),
-                               rtol=1e-5, atol=1e-5)
+def test_w8a16_stores_int8_weights_and_keeps_products_and_lookups_close(model: _Tied) -> None:
+    x = torch.randn(5, 48)
+    expected = F.linear(x, model.proj.weight)
+    expected_rows = model.embed.weight[[3, 299]].clone()
+    prepare_linears(model, "w8a16", threads=(1, 1))
+    assert model.proj.weight.dtype == torch.int8 and model.embed.weight.dtype == torch.int8
+    assert model.head.weight is model.embed.weight
+    assert model.norm.dtype == torch.float32
+    got = model.proj.product(x)
+    assert (got - expected).norm() / expected.norm() < 0.02
+    assert model.embed.linear_kernel is not None
+    rows = model.embed.linear_kernel.rows(torch.tensor([3, 299]))
+    assert rows.dtype == torch.float32
+    torch.testing.assert_close(rows, expected_rows, rtol=0, atol=float(
+        expected_rows.abs().max()) / 127)
 
 
-def test_large_products_run_on_more_threads_and_restore_the_count(
-        model: _Tied, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unprepared_layers_use_f_linear(model: _Tied) -> None:
+    x = torch.randn(2, 48)
+    assert torch.equal(model.proj.product(x), F.linear(x, model.proj.weight))
+
+
+def test_probe_child_reports_a_trapped_instruction_a_failure_and_success() -> None:
+    assert runs_in_child("fine", lambda: None)
+    assert not runs_in_child("raises", lambda: 1 / 0)  # type: ignore[func-returns-value]
+    assert not runs_in_child("sigill", lambda: os.kill(os.getpid(), signal.SIGILL))
+    assert runs_in_child("the parent is unharmed", lambda: None)
+
+
+def test_large_forwards_run_on_more_threads_and_restore_the_count() -> None:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    seen: list[int] = []
-    real = linear_kernels._onednn_linear
-    monkeypatch.setattr(linear_kernels, "_onednn_linear",
-                        lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    threads = RankThreads(base=1, large_forward=2)
     try:
-        use_fast_layout(model)
-        x = torch.randn(linear_kernels.LARGE_PRODUCT_ROWS, 48)
-        linear(x, model.proj.weight, model.proj.bias)  # outside the scope: the base count
-        with linear_kernels.large_product_threads(base=1, large=2):
-            for rows in (linear_kernels.LARGE_PRODUCT_ROWS, 8):
-                x = torch.randn(rows, 48)
-                torch.testing.assert_close(linear(x, model.proj.weight, model.proj.bias),
-                                           F.linear(x, model.proj.weight, model.proj.bias),
-                                           rtol=1e-5, atol=1e-5)
-                assert torch.get_num_threads() == 1
+        with forward_threads(threads, LARGE_FORWARD_TOKENS):
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+        with forward_threads(threads, LARGE_FORWARD_TOKENS - 1):
+            assert torch.get_num_threads() == 1
+        with forward_threads(None, LARGE_FORWARD_TOKENS):
+            assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
-    assert seen == [1, 2, 1]

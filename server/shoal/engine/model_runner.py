@@ -8,7 +8,7 @@ device and calls `forward`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 
 import psutil
 import torch
@@ -16,11 +16,11 @@ import torch.distributed as dist
 
 from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
-from shoal.engine.threads import RankThreads
+from shoal.engine.threads import RankThreads, forward_threads
 from shoal.models import ModelConfig, get_model_class
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import head_shard
-from shoal.models.linear_kernels import large_product_threads, use_fast_layout
+from shoal.models.linear_kernels import prepare_linears
 from shoal.models.loader import load_checkpoint
 from shoal.models.parallel import ParallelGroup, pp_layer_range
 
@@ -52,18 +52,21 @@ class ModelRunner:
                  tp: ParallelGroup, *, pp_rank: int = 0, pp_size: int = 1,
                  max_total_tokens: int | None = None, max_running_requests: int,
                  context_length: int, world: ParallelGroup = ParallelGroup(),
-                 threads: RankThreads | None = None) -> None:
+                 threads: RankThreads | None = None, quantization: str = "none") -> None:
         self.device = device
         self.dtype = dtype
         self.tp = tp
         self.threads = threads  # None: torch's thread count is left alone
+        if quantization != "none" and dtype != torch.float32:
+            raise ValueError(f"--quantization {quantization} needs --dtype float32")
         self.model_config = config = ModelConfig.from_pretrained(model_path)
         start_layer, end_layer = pp_layer_range(config.num_layers, pp_rank, pp_size)
         model_class = get_model_class(config.architecture)
         with torch.device(device), _default_dtype(dtype):
             self.model = model_class(config, tp, start_layer, end_layer)
         load_checkpoint(self.model, model_path)
-        use_fast_layout(self.model)
+        prepare_linears(self.model, quantization,
+                        None if threads is None else (threads.base, threads.large_forward))
 
         num_layers = end_layer - start_layer
         num_kv_heads = head_shard(config.num_heads, config.num_kv_heads, tp).num_kv_heads
@@ -83,15 +86,10 @@ class ModelRunner:
         """float32 logits at `batch.logits_at` (by default [batch, vocab], each request's last
         new token) on the last pipeline stage; (hidden, residual) for the next stage on the
         others, which also take them."""
-        with self._thread_scope():
+        with forward_threads(self.threads, batch.num_tokens):
             self.attn_backend.prepare(batch)
             out = self.model(batch, self.attn_backend, hidden, residual)
         return out.float() if isinstance(out, torch.Tensor) else out
-
-    def _thread_scope(self) -> AbstractContextManager[None]:
-        if self.threads is None:
-            return nullcontext()
-        return large_product_threads(self.threads.base, self.threads.large_products)
 
     def _kv_capacity(self, bytes_per_token: int, most_useful: int, world: ParallelGroup) -> int:
         """KV slots that fit the memory budget (capped at what the request rows can reference),

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+import torch
+
+from shoal.models.linear_kernels import LARGE_FORWARD_TOKENS
 
 
 def torch_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
@@ -11,18 +17,37 @@ def torch_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
     return max(1, (num_cores - 1) // ranks_on_this_host)
 
 
-def large_product_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
-    """Cores per local rank, none left over: for the prefill's large products only (each is one
-    barrier long; see `shoal.models.linear_kernels`)."""
+def large_forward_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
+    """Cores per local rank, none left over: for forwards of many tokens only (prefill-heavy
+    steps, whose ops are long enough that a thread the OS lends to the api for a moment delays
+    a barrier a little, where a decode step's many short ops would stall at every one)."""
     return max(1, num_cores // ranks_on_this_host)
 
 
 @dataclass(frozen=True)
 class RankThreads:
-    base: int            # torch threads of the rank's forward
-    large_products: int  # threads of one linear over LARGE_PRODUCT_ROWS rows or more
+    base: int           # torch threads of the rank's forward
+    large_forward: int  # threads of a forward of LARGE_FORWARD_TOKENS tokens or more
 
     @classmethod
     def for_host(cls, num_cores: int, ranks_on_this_host: int) -> RankThreads:
         return cls(torch_threads_per_rank(num_cores, ranks_on_this_host),
-                   large_product_threads_per_rank(num_cores, ranks_on_this_host))
+                   large_forward_threads_per_rank(num_cores, ranks_on_this_host))
+
+    def for_tokens(self, num_tokens: int) -> int:
+        return self.large_forward if num_tokens >= LARGE_FORWARD_TOKENS else self.base
+
+
+@contextmanager
+def forward_threads(threads: RankThreads | None, num_tokens: int) -> Iterator[None]:
+    """Within this block (one forward of `num_tokens` tokens, in the thread that runs it), torch
+    runs on `threads.for_tokens(num_tokens)` threads, then returns to `threads.base`; with
+    `threads` None the count is left alone."""
+    if threads is None or threads.for_tokens(num_tokens) == threads.base:
+        yield
+        return
+    torch.set_num_threads(threads.for_tokens(num_tokens))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads.base)

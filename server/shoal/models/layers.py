@@ -17,13 +17,31 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.models.config import RopeConfig
-from shoal.models.linear_kernels import linear
+from shoal.models.linear_kernels import LinearKernel
 from shoal.models.loader import TensorSlice, read_cols, read_rows
 from shoal.models.parallel import ParallelGroup
 
 
 def _parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape), requires_grad=False)
+
+
+class _Linear(nn.Module):
+    """A layer whose `weight` [out, in] takes part in matrix products. They run through
+    `linear_kernel`, which `shoal.models.linear_kernels.prepare_linears` sets once the weights
+    are loaded (the stored layout, quantization and kernels measured on this host); until then
+    they are `F.linear`."""
+
+    weight: nn.Parameter
+    linear_kernel: LinearKernel | None = None
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        kernel = self.linear_kernel
+        return F.linear(x, self.weight) if kernel is None else kernel(x)
+
+
+def _add_bias(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x if bias is None else x + bias
 
 
 class RMSNorm(nn.Module):
@@ -123,7 +141,7 @@ def _balanced(total: int, parts: int, index: int) -> tuple[int, int]:
     return index * base + min(index, extra), base + (1 if index < extra else 0)
 
 
-class QKVParallelLinear(nn.Module):
+class QKVParallelLinear(_Linear):
     """Fused q/k/v projection. Each rank owns a contiguous block of query heads and the KV
     heads they read; when there are fewer KV heads than ranks, each KV head is replicated."""
 
@@ -144,7 +162,7 @@ class QKVParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]: query, key and value heads."""
-        return linear(x, self.weight, self.bias)
+        return _add_bias(self.product(x), self.bias)
 
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
         assert shard is not None
@@ -152,7 +170,7 @@ class QKVParallelLinear(nn.Module):
         getattr(self, param)[offset:offset + size].copy_(read_rows(source, start, size))
 
 
-class GateUpParallelLinear(nn.Module):
+class GateUpParallelLinear(_Linear):
     """Fused gate and up projections, split along the intermediate dimension."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, tp: ParallelGroup) -> None:
@@ -161,7 +179,7 @@ class GateUpParallelLinear(nn.Module):
         self.weight = _parameter(2 * self.size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
+        return self.product(x)
 
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
         assert shard in ("gate", "up")
@@ -169,7 +187,7 @@ class GateUpParallelLinear(nn.Module):
         self.weight[offset:offset + self.size].copy_(read_rows(source, self.start, self.size))
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear):
     """Split along the input dimension; partial outputs are summed across ranks. `in_shard`
     (start, size) overrides the even split, e.g. to follow an uneven split of attention heads."""
 
@@ -182,8 +200,7 @@ class RowParallelLinear(nn.Module):
         self.bias = _parameter(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(linear(x, self.weight))
-        return out if self.bias is None else out + self.bias
+        return _add_bias(self.tp.all_reduce(self.product(x)), self.bias)
 
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
         if param == "bias":
@@ -193,7 +210,7 @@ class RowParallelLinear(nn.Module):
             self.weight.copy_(read_cols(source, self.start, self.size))
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(_Linear):
     """Each rank holds ceil(vocab / tp) rows; the last rank's tail rows are zero padding."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: ParallelGroup) -> None:
@@ -207,10 +224,14 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         owned = (input_ids >= self.start) & (input_ids < self.end)
-        out = F.embedding((input_ids - self.start) * owned, self.weight)
+        out = self._lookup((input_ids - self.start) * owned)
         return self.tp.all_reduce(out * owned[:, None])
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        kernel = self.linear_kernel
+        return F.embedding(ids, self.weight) if kernel is None else kernel.rows(ids)
 
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
         rows = self.end - self.start
@@ -221,5 +242,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Vocab-sharded output projection; every rank ends up with the full logits."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.tp.all_gather(linear(hidden, self.weight), dim=-1)
+        logits = self.tp.all_gather(self.product(hidden), dim=-1)
         return logits[:, :self.vocab_size]

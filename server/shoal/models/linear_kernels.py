@@ -1,102 +1,337 @@
-"""The matrix product behind every linear layer, and the weight layout it runs fastest with.
+"""The matrix products behind every linear layer: how each weight is stored and which kernel
+computes its products, chosen by measuring the candidates on this host when the model loads.
 
-On CPU in float32 the 2-D weights are stored column-major (the logical [out, in] shape is kept,
-so loading, sharding and `F.embedding` are unchanged), in one arena backed by transparent huge
-pages. Measured on the 2-core AMD EPYC this project runs on (docs/benchmarks.md), SmolLM2-135M's
-weights at one thread:
-- one row (single-stream decode): MKL's GEMV reading the contiguous [in, out] matrix streams
-  the weights ~1.4x faster than `F.linear` on the row-major weight;
-- more rows (batched decode, prefill): oneDNN's matmul (the kernel torch's own inductor uses
-  for CPU linears) is 1.2-1.7x faster than MKL's SGEMM, which takes a slow path on this CPU;
-- huge pages make streaming all weights once per decode step another ~10% faster.
-Both are plain float32 products; only the summation order differs from `F.linear`.
-A product of at least `LARGE_PRODUCT_ROWS` rows (a prefill) may run on more threads than the
-rest of the forward (`large_product_threads`, set by the model runner around each forward): it is
-compute-bound and one barrier long, so a thread the OS preempts for the api delays it a little,
-where the many small ops of a decode step would stall at every barrier (docs/operations.md).
-Elsewhere (CUDA, other dtypes) this is `F.linear` on the usual row-major weight.
+No vendor guess holds on every CPU (docs/benchmarks.md): on one AMD EPYC, MKL's one-row GEMV
+streams a contiguous [in, out] matrix ~1.4x faster than `F.linear` on the row-major weight and
+oneDNN beats MKL on more rows; on an Intel Xeon, oneDNN ran at half of MKL's speed. So after
+loading, `prepare_linears` times every candidate (layout x kernel) for each distinct weight shape
+at a few row counts (`ROW_BUCKETS`, each at the thread count it will run with), keeps the layout
+that is fastest over all of them, and per row bucket the fastest kernel in that layout. A kernel
+is first run once in a forked child (`shoal.models.kernel_probe`): a VM may list an instruction
+set and trap it.
+
+Storage: float32 CPU weights go to one transparent-huge-page arena (another ~10% when streaming
+every weight once per decode step), row- or column-major (the logical [out, in] shape is kept, so
+sharding, loading and the tied embedding lookup are unchanged). With `--quantization w8a16`
+(`shoal.models.quantization`), each weight is int8 per output channel with a float32 scale; its
+products are torch's `_weight_int8pack_mm`, fed bfloat16 activations (the input it is vectorized
+for), or a float32 product of the dequantized weight where that measures faster (prefill). Every
+float32 kernel differs from `F.linear` only in summation order. Elsewhere (CUDA, other dtypes)
+weights stay row-major and `F.linear` runs; an int8 weight runs `_weight_int8pack_mm`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+import math
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.models.kernel_probe import runs_in_child
+from shoal.models.quantization import dequantize, quantize_per_channel
+
 logger = logging.getLogger(__name__)
 
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# Products are timed at these row counts; a product of m rows uses the choice of the bucket
+# whose range holds m: 1 | 2-11 | 12-255 | 256+ (a forward of LARGE_FORWARD_TOKENS tokens or
+# more runs on every core: `shoal.engine.threads`).
+ROW_BUCKETS = (1, 4, 32, 256)
+_BUCKET_STARTS = (1, 2, 12, 256)
+LARGE_FORWARD_TOKENS = _BUCKET_STARTS[-1]
+# Candidates are timed on random weights of the same shape and layout, at most this many output
+# rows (the LM head's 49k rows behave like 4k), and at small row counts on enough copies that a
+# pass streams from memory as a decode step does, not from cache.
+_MEASURE_MAX_OUT = 3072
+_STREAM_BYTES = 48 << 20
+_MAX_COPIES = 256
+_MEMORY_BOUND_ROWS = 8
+_REPEATS = 2
+_GIVE_UP_RATIO = 3.0
+
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
-LARGE_PRODUCT_ROWS = 256
 
 
-# (base, large) torch threads inside `large_product_threads`; None: leave the count alone
-_product_threads: ContextVar[tuple[int, int] | None] = ContextVar("product_threads",
-                                                                   default=None)
+@dataclass
+class StoredWeight:
+    """A weight as the kernels read it: `weight` is the logical [out, in] tensor (float row- or
+    column-major, or int8 row-major); an int8 weight has per-output-channel `scale`s (float32,
+    and a bfloat16 copy for the kernel that takes bfloat16 activations)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+    scale_bf16: torch.Tensor | None = None
+
+    @classmethod
+    def int8(cls, qweight: torch.Tensor, scale: torch.Tensor) -> StoredWeight:
+        return cls(qweight, scale, scale.to(torch.bfloat16))
 
 
-@contextmanager
-def large_product_threads(base: int, large: int) -> Iterator[None]:
-    """Within this block (one forward, in the thread that runs it), a product of
-    `LARGE_PRODUCT_ROWS` rows or more runs on `large` torch threads and then returns to `base`,
-    the thread count of everything else."""
-    assert _product_threads.get() is None, "large_product_threads does not nest"
-    token = _product_threads.set((base, large) if large > base else None)
+Product = Callable[[torch.Tensor, StoredWeight], torch.Tensor]
+
+
+def _mkl(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    return F.linear(x, w.weight)
+
+
+def _onednn(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w.weight, None, "none", [], "")
+
+
+def _int8pack_bf16(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    assert w.scale_bf16 is not None
+    return torch._weight_int8pack_mm(x.to(torch.bfloat16), w.weight, w.scale_bf16).to(x.dtype)
+
+
+def _dequantized(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    assert w.scale is not None
+    return F.linear(x, w.weight.to(x.dtype)).mul_(w.scale.to(x.dtype))
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    layout: str  # "row" | "col" (float) or "int8"
+    product: Product
+
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
+                 *([Kernel("onednn-row", "row", _onednn), Kernel("onednn-col", "col", _onednn)]
+                   if _ONEDNN else []))
+INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
+                Kernel("dequantized", "int8", _dequantized))
+
+
+def bucket_index(rows: int) -> int:
+    """Which of `ROW_BUCKETS` a product of `rows` rows uses."""
+    index = 0
+    for i, start in enumerate(_BUCKET_STARTS):
+        if rows >= start:
+            index = i
+    return index
+
+
+class LinearKernel:
+    """The products of one weight: its stored form and, per row bucket, the kernel chosen."""
+
+    def __init__(self, stored: StoredWeight, kernels: list[Kernel]) -> None:
+        assert len(kernels) == len(ROW_BUCKETS)
+        self.stored = stored
+        self.kernels = kernels
+        self._products = [k.product for k in kernels]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, in] -> [rows, out] float, as `F.linear(x, weight)`."""
+        return self._products[bucket_index(x.shape[0])](x, self.stored)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the logical weight, dequantized (the embedding lookup)."""
+        rows = F.embedding(ids, self.stored.weight)
+        if self.stored.scale is None:
+            return rows
+        return rows.float() * self.stored.scale[ids, None]
+
+
+@dataclass(frozen=True)
+class Choice:
+    layout: str
+    kernels: tuple[str, ...]  # one kernel name per row bucket
+
+
+def choose(seconds: dict[tuple[str, int], float], kernels: tuple[Kernel, ...]) -> Choice:
+    """From measured seconds per (kernel name, bucket index): the layout whose best kernels lose
+    least to the best of all layouts, summed over buckets in log ratio, and per bucket the
+    fastest kernel in that layout. Kernels without a time (failed, not probed) are never chosen."""
+    timed = [k for k in kernels if all((k.name, b) in seconds for b in range(len(ROW_BUCKETS)))]
+    if not timed:
+        raise RuntimeError("no linear kernel ran on this host")
+    best = [min(seconds[k.name, b] for k in timed) for b in range(len(ROW_BUCKETS))]
+    layouts = sorted({k.layout for k in timed})
+
+    def best_in(layout: str, bucket: int) -> Kernel:
+        return min((k for k in timed if k.layout == layout), key=lambda k: seconds[k.name, bucket])
+
+    def loss(layout: str) -> float:
+        return sum(math.log(seconds[best_in(layout, b).name, b] / best[b])
+                   for b in range(len(ROW_BUCKETS)))
+
+    layout = min(layouts, key=loss)
+    return Choice(layout, tuple(best_in(layout, b).name for b in range(len(ROW_BUCKETS))))
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+def _candidate_weights(kernel: Kernel, out: int, inp: int, copies: int) -> list[StoredWeight]:
+    """`copies` copies of a random weight of shape [out, in] in `kernel`'s layout."""
+    weight = torch.randn(out, inp)
+    if kernel.layout == "int8":
+        q, scale = quantize_per_channel(weight)
+        return [StoredWeight.int8(q.clone(), scale) for _ in range(copies)]
+    if kernel.layout == "col":
+        weight = weight.t().contiguous()
+        return [StoredWeight(weight.clone().t()) for _ in range(copies)]
+    return [StoredWeight(weight.clone()) for _ in range(copies)]
+
+
+def _time(kernel: Kernel, weights: list[StoredWeight], x: torch.Tensor, give_up: float
+          ) -> float:
+    """Best of `_REPEATS` passes over `weights`, in seconds per product; a kernel whose single
+    product takes more than `give_up` seconds is not timed further (it is far behind)."""
+    start = time.perf_counter()
+    kernel.product(x, weights[0])
+    best = time.perf_counter() - start  # with one-time costs: an upper bound
+    if best > give_up:
+        return best
+    for _ in range(_REPEATS):
+        start = time.perf_counter()
+        for w in weights:
+            kernel.product(x, w)
+        best = min(best, (time.perf_counter() - start) / len(weights))
+    return best
+
+
+def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int, int]
+            ) -> dict[tuple[str, int], float]:
+    """Seconds per product of each kernel at each row bucket for an [out, in] weight; buckets
+    before the last at `threads[0]` torch threads, the last at `threads[1]`."""
+    out = min(out, _MEASURE_MAX_OUT)
+    streamed = {k.name: _candidate_weights(k, out, inp, min(_MAX_COPIES, math.ceil(
+        _STREAM_BYTES / (out * inp * (1 if k.layout == "int8" else 4))))) for k in kernels}
+    previous = torch.get_num_threads()
+    seconds: dict[tuple[str, int], float] = {}
     try:
-        yield
+        for b, rows in enumerate(ROW_BUCKETS):
+            torch.set_num_threads(threads[1] if b == len(ROW_BUCKETS) - 1 else threads[0])
+            x = torch.randn(rows, inp)
+            best = math.inf
+            for kernel in kernels:
+                weights = streamed[kernel.name]
+                seconds[kernel.name, b] = _time(
+                    kernel, weights if rows <= _MEMORY_BOUND_ROWS else weights[:1], x,
+                    give_up=_GIVE_UP_RATIO * best)
+                best = min(best, seconds[kernel.name, b])
     finally:
-        _product_threads.reset(token)
+        torch.set_num_threads(previous)
+    return seconds
 
 
-def _column_major(weight: torch.Tensor) -> bool:
-    return weight.dim() == 2 and weight.stride(0) == 1 and weight.shape[1] > 1
+def _usable(kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+    """The kernels that run (in a child first: an instruction the VM traps kills only that)
+    and compute `F.linear`'s result on a small product."""
+    weight = torch.randn(24, 40)
+    x = torch.randn(3, 40)
+    ok = []
+    for kernel in kernels:
+        if not runs_in_child(kernel.name, lambda k=kernel: _check(k, weight, x)):
+            logger.warning("linear kernel %s does not run on this host; not used", kernel.name)
+            continue
+        ok.append(kernel)
+    return tuple(ok)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for 2-D `x`, through oneDNN for a column-major CPU weight
-    and more than one row."""
-    if _ONEDNN and x.shape[0] > 1 and x.device.type == "cpu" and _column_major(weight):
-        threads = _product_threads.get() if x.shape[0] >= LARGE_PRODUCT_ROWS else None
-        if threads is None:
-            return _onednn_linear(x, weight, bias)
-        base, large = threads
-        torch.set_num_threads(large)
-        try:
-            return _onednn_linear(x, weight, bias)
-        finally:
-            torch.set_num_threads(base)
-    return F.linear(x, weight, bias)
+def _check(kernel: Kernel, weight: torch.Tensor, x: torch.Tensor) -> None:
+    if kernel.layout == "int8":
+        q, scale = quantize_per_channel(weight)
+        stored = StoredWeight.int8(q, scale)
+        expected = F.linear(x, dequantize(q, scale))
+        tolerance = 0.05  # bfloat16 activations
+    else:
+        stored = StoredWeight(weight.t().contiguous().t() if kernel.layout == "col" else weight)
+        expected = F.linear(x, weight)
+        tolerance = 1e-4
+    error = float((kernel.product(x, stored) - expected).abs().max())
+    if not error <= tolerance * float(expected.abs().max()):
+        raise ArithmeticError(f"{kernel.name}: off by {error} on a small product")
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-                   ) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+# -- preparing a model ----------------------------------------------------------------------
 
 
-def use_fast_layout(model: nn.Module) -> None:
-    """Move the 2-D float32 CPU weights of `model` into one huge-page arena, column-major; a
-    no-op elsewhere. Tied weights stay tied: each parameter object moves once."""
-    params = [p for p in model.parameters()
-              if p.dim() == 2 and p.device.type == "cpu" and p.dtype == torch.float32]
+def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int] | None = None
+                    ) -> dict[tuple[int, int], Choice]:
+    """Give every module with a `linear_kernel` attribute (`shoal.models.layers`) the kernel of
+    its `weight`: quantized when `quantization` is "w8a16", laid out and computed as measured
+    here for float32 CPU weights. Tied weights share one kernel. `threads`: (base, large forward)
+    torch threads the products will run with (default: the current count). Returns the choice
+    per weight shape [out, in]."""
+    owners = [m for m in model.modules() if hasattr(m, "linear_kernel")]
+    params = list({id(m.weight): m.weight for m in owners}.values())
     if not params:
-        return
-    arena = _huge_page_arena(sum(p.numel() for p in params))
+        return {}
+    quantize = quantization == "w8a16"
+    measured = params[0].device.type == "cpu" and (quantize or params[0].dtype == torch.float32)
+    if not measured:
+        fallback = INT8_KERNELS[0] if quantize else FLOAT_KERNELS[0]
+        choices = {tuple(p.shape): Choice(fallback.layout, (fallback.name,) * len(ROW_BUCKETS))
+                   for p in params}
+    else:
+        count = torch.get_num_threads()
+        threads = threads or (count, count)
+        choices = {shape: _measured_choice(quantize, shape, threads)
+                   for shape in sorted({tuple(p.shape) for p in params})}
+    by_name = {k.name: k for k in (*FLOAT_KERNELS, *INT8_KERNELS)}
+    stored = _store(params, {id(p): choices[tuple(p.shape)].layout for p in params}, quantize)
+    linear_kernels = {id(p): LinearKernel(stored[id(p)], [by_name[name] for name in
+                                                          choices[tuple(p.shape)].kernels])
+                      for p in params}
+    for module in owners:
+        module.linear_kernel = linear_kernels[id(module.weight)]
+    return choices
+
+
+@functools.cache
+def _usable_kernels(quantize: bool) -> tuple[Kernel, ...]:
+    return _usable(INT8_KERNELS if quantize else FLOAT_KERNELS)
+
+
+@functools.cache
+def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, int]) -> Choice:
+    """Measured once per process for each weight shape and thread counts (a process that loads
+    several models, as the tests do, measures each shape once)."""
+    kernels = _usable_kernels(quantize)
+    choice = choose(measure(kernels, *shape, threads), kernels)
+    logger.info("linear [%d, %d]: %s layout, kernels by rows %s", *shape, choice.layout,
+                dict(zip(_BUCKET_STARTS, choice.kernels)))
+    return choice
+
+
+def _store(params: list[nn.Parameter], layouts: dict[int, str], quantize: bool
+           ) -> dict[int, StoredWeight]:
+    """Move each parameter into its stored form; the parameter keeps that tensor (int8 when
+    quantized), so no float copy stays alive."""
+    stored: dict[int, StoredWeight] = {}
+    in_arena = {id(p): p for p in params if layouts[id(p)] in ("row", "col")
+                and p.device.type == "cpu" and p.dtype == torch.float32}
+    arena = _huge_page_arena(sum(p.numel() for p in in_arena.values())) if in_arena else None
     offset = 0
     for param in params:
-        rows, cols = param.shape
-        column_major = arena[offset:offset + param.numel()].view(cols, rows)
-        column_major.copy_(param.data.t())
-        param.data = column_major.t()
-        offset += param.numel()
+        if quantize:
+            q, scale = quantize_per_channel(param.data.float())
+            param.data = q
+            stored[id(param)] = StoredWeight.int8(q, scale)
+            continue
+        if arena is not None and id(param) in in_arena:
+            rows, cols = param.shape
+            chunk = arena[offset:offset + param.numel()]
+            offset += param.numel()
+            if layouts[id(param)] == "col":
+                chunk.view(cols, rows).copy_(param.data.t())
+                param.data = chunk.view(cols, rows).t()
+            else:
+                chunk.view(rows, cols).copy_(param.data)
+                param.data = chunk.view(rows, cols)
+        stored[id(param)] = StoredWeight(param.data)
+    return stored
 
 
 def _huge_page_arena(numel: int) -> torch.Tensor:
