@@ -1,0 +1,105 @@
+"""The KV channel between a prefill and a decode server, kept apart from the component sockets'
+messages (its own struct family and decoders; nothing is pickled).
+
+    bootstrap: a decode rank's DEALER ⇄ the prefill's rank-0 ROUTER (request / reply)
+        LayoutQuery → PrefillLayout         what the prefill serves and where its ranks listen
+        Ping → Pong                          liveness both ways; a new session = a restart
+    transfer: PUSH to the peer rank's PULL inbox (prefill rank r ⇄ decode rank r)
+        decode → prefill   KVDest            the decode holds slots for the room's prompt
+                           KVAck             every token arrived (or not): the prefill may end
+        prefill → decode   KVChunk + 2 raw frames (K, V)   KV of prompt tokens [start, start+n)
+                           KVDone            the prompt is complete; the first token and more
+        either way         KVAbort           the room is over on the sender's side
+
+A chunk's frames hold this rank's K and V as [layers, num_tokens, kv_heads, head_dim] in the
+layout's dtype, contiguous; the receiver writes them into the slots it preallocated.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shoal.ipc.messages import TokenLogprobs
+
+
+class KVMessage(msgspec.Struct, tag=True, array_like=True, kw_only=True):
+    """Base of every KV-channel message; the tag is the class name."""
+
+
+class LayoutQuery(KVMessage):
+    session: str  # the asking decode rank's
+
+
+class PrefillLayout(KVMessage):
+    session: str        # the prefill server's (rank 0's); a new one means it restarted
+    model: str          # served model name
+    fingerprint: str    # of the model's config (shoal.disaggregation.layout.model_fingerprint)
+    dtype: str
+    tp: int
+    pp: int
+    endpoints: list[str]  # each global rank's transfer inbox
+
+
+class Ping(KVMessage):
+    session: str  # the pinging decode rank's
+
+
+class Pong(KVMessage):
+    session: str  # the prefill server's
+
+
+class KVDest(KVMessage):
+    room: int
+    session: str      # the decode rank's
+    endpoint: str     # its inbox
+    num_tokens: int   # prompt tokens it holds slots for
+
+
+class KVChunk(KVMessage):
+    room: int
+    session: str      # the destination's, as its KVDest named it
+    start: int
+    num_tokens: int
+
+
+class FirstToken(msgspec.Struct, array_like=True, kw_only=True):
+    """What the prefill computed beyond the KV, so the decode's response is whole."""
+
+    token: int
+    logprobs: TokenLogprobs | None = None         # of the token, when the request asked
+    prompt_logprobs: TokenLogprobs | None = None  # when the request asked
+    cached_tokens: int = 0                        # prompt tokens the prefill's cache served
+    generator_state: bytes | None = None          # a sampled request's generator, after it
+
+
+class KVDone(KVMessage):
+    room: int
+    session: str
+    num_tokens: int   # the whole prompt, every chunk sent
+    first: FirstToken
+
+
+class KVAck(KVMessage):
+    room: int
+    ok: bool
+    message: str = ""
+
+
+class KVAbort(KVMessage):
+    room: int
+    reason: str
+
+
+AnyKVMessage = (LayoutQuery | PrefillLayout | Ping | Pong | KVDest | KVChunk | KVDone | KVAck
+                | KVAbort)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyKVMessage)
+
+
+def encode(message: KVMessage) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | memoryview) -> AnyKVMessage:
+    return _decoder.decode(data)
