@@ -121,9 +121,9 @@ def _component(run_dir: Path, log: Path, role: str, *flags: str,
 @pytest.mark.parametrize("argv,env", [
     (("--tp", "0"), {}),
     (("--tp", "x"), {}),
-    (("--disaggregation-mode", "prefill"), {}),
+    (("--schedule-policy", "random"), {}),
     ((), {"SHOAL_PORT": "not-a-port"}),
-], ids=["impossible-value", "not-a-number", "disaggregation", "bad-env"])
+], ids=["impossible-value", "not-a-number", "not-a-choice", "bad-env"])
 def test_a_configuration_that_cannot_work_exits_88(tmp_path: Path, argv: tuple[str, ...],
                                                    env: dict[str, str]) -> None:
     log = tmp_path / "termination-log"
