@@ -20,6 +20,7 @@ DEFAULT_BOOTSTRAP_PORT = 8998
 
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Quantization = Literal["none", "w8a16"]  # w8a16: int8 weights per output channel
 SchedulePolicy = Literal["fcfs", "lpm"]
 DisaggregationMode = Literal["null", "prefill", "decode"]
 
@@ -37,6 +38,7 @@ class ServerArgs:
     dist_init_addr: str | None = None
     device: Device = "auto"
     dtype: Dtype = "auto"
+    quantization: Quantization = "none"
     context_length: int | None = None
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
@@ -47,8 +49,9 @@ class ServerArgs:
     disable_overlap_schedule: bool = False
     watchdog_timeout: float = 300.0
     enable_rank_consensus_check: bool = False
-    disaggregation_mode: DisaggregationMode = "null"  # only null until PD disaggregation lands
-    disaggregation_bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
+    disaggregation_mode: DisaggregationMode = "null"  # null: a colocated server (docs/pd.md)
+    disaggregation_bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT  # a prefill's rank 0 serves it
+    disaggregation_timeout: float = 300.0  # seconds a request may wait on its peer server
     api_key: str | None = None
     enable_metrics: bool = False
     log_level: str = "info"
@@ -73,9 +76,9 @@ class ServerArgs:
              "--max-total-tokens must be >= 16"),
             (self.max_running_requests is None or self.max_running_requests >= 1,
              "--max-running-requests must be >= 1"),
-            (self.disaggregation_mode == "null",
-             f"--disaggregation-mode {self.disaggregation_mode}: prefill/decode disaggregation "
-             "is not implemented yet; only null (a colocated server) runs"),
+            (1 <= self.disaggregation_bootstrap_port <= 65535,
+             "--disaggregation-bootstrap-port must be in [1, 65535]"),
+            (self.disaggregation_timeout > 0, "--disaggregation-timeout must be > 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -46,7 +46,9 @@ def test_bad_env_values_are_config_errors(env: dict[str, str]) -> None:
 @pytest.mark.parametrize("argv", [["--tp", "0"], ["--nnodes", "2"], ["--node-rank", "1"],
                                   ["--tp", "3", "--nnodes", "2", "--dist-init-addr", "h:1"],
                                   ["--port", "70000"], ["--max-total-tokens", "1"],
-                                  ["--page-size", "16"], ["--disaggregation-mode", "decode"]])
+                                  ["--page-size", "16"],
+                                  ["--disaggregation-bootstrap-port", "0"],
+                                  ["--disaggregation-timeout", "0"]])
 def test_impossible_configs_are_refused(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse(argv)

@@ -50,8 +50,11 @@ class Side(Protocol):
 
 
 class Transport:
-    def __init__(self, inbox_endpoint: str, server_endpoint: str | None = None) -> None:
-        self.inbox_endpoint = inbox_endpoint
+    def __init__(self, inbox_endpoint: str, server_endpoint: str | None = None,
+                 advertised_inbox: str | None = None) -> None:
+        """Bind the inbox (and the bootstrap server) now; peers are told `advertised_inbox`
+        (default: the inbox endpoint), the inbox's address as they reach it."""
+        self.inbox_endpoint = advertised_inbox or inbox_endpoint
         self._ctx = zmq.Context()
         self._inbox = self._ctx.socket(zmq.PULL)
         self._inbox.setsockopt(zmq.RCVHWM, 0)

@@ -88,6 +88,16 @@ class FinishReason(msgspec.Struct, array_like=True, kw_only=True):
     num_earlier_matches: int = 0
 
 
+class BootstrapInfo(msgspec.Struct, array_like=True, kw_only=True):
+    """Where a prefill/decode pair meets for one request (the router adds it to both bodies):
+    the prefill server's host and bootstrap port, and a room number naming the request's KV
+    transfer (docs/pd.md)."""
+
+    host: str
+    port: int
+    room: int  # 0 <= room < 2**63
+
+
 class Message(msgspec.Struct, tag=True, array_like=True, kw_only=True):
     """Base of every message; the tag is the class name."""
 
@@ -100,6 +110,7 @@ class GenerateReq(Message):
     sampling: SamplingParams
     stream: bool = False
     logprob: LogprobParams | None = None  # None: no log-probabilities
+    bootstrap: BootstrapInfo | None = None  # prefill/decode servers: the pair's meeting point
 
 
 class AbortReq(Message):

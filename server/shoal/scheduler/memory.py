@@ -62,6 +62,21 @@ class ReqMemory:
             req.prefix_hit_len = matched
             req.was_admitted = True
 
+    def prealloc(self, req: Req) -> None:
+        """Give a request whose prompt KV is computed elsewhere (a decode server's request,
+        whose KV its prefill server sends) its entry and a slot for every prompt token. They
+        count as computed from now on: nothing reads them before the transfer is complete, and
+        an incomplete one is `abandon`ed, never cached. The caller checks room first."""
+        num_tokens = len(req.input_ids)
+        self.evict_for(num_tokens)
+        req_pool_idx = self.req_to_token.alloc()
+        slots = self.allocator.alloc(num_tokens)
+        assert req_pool_idx is not None and slots is not None, "caller must check room first"
+        self.req_to_token.table[req_pool_idx, :num_tokens] = slots
+        req.req_pool_idx, req.prefix_node = req_pool_idx, None
+        req.computed_len, req.cache_owned_len = num_tokens, 0
+        req.was_admitted = True
+
     def evict_for(self, num_slots: int) -> None:
         """Evict cached prefixes (least recently used first) until `num_slots` slots are free."""
         if num_slots > self.allocator.num_free:
@@ -117,6 +132,20 @@ class ReqMemory:
             return
         ids, slots = self._insert_computed(req)
         self.allocator.free(slots[len(ids):])
+        if req.prefix_node is not None:
+            self.cache.unlock(req.prefix_node)
+        self.req_to_token.free(req.req_pool_idx)
+        req.req_pool_idx, req.prefix_node = None, None
+        req.computed_len = req.cache_owned_len = req.num_pending = 0
+        req.epoch += 1
+
+    def abandon(self, req: Req) -> None:
+        """Free a request's entry and the slots it owns without caching what they hold (a
+        transfer that did not complete); its progress resets to nothing."""
+        if req.req_pool_idx is None:
+            return
+        self.allocator.free(
+            self.req_to_token.table[req.req_pool_idx, req.cache_owned_len:req.computed_len])
         if req.prefix_node is not None:
             self.cache.unlock(req.prefix_node)
         self.req_to_token.free(req.req_pool_idx)

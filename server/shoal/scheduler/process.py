@@ -10,12 +10,21 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import zmq
 
 from shoal import faults
 from shoal.config import ComponentArgs, ServerArgs
+from shoal.disaggregation.decode import DecodeTransfer
+from shoal.disaggregation.layout import LocalModel, advertised_host, layout_of, model_fingerprint
+from shoal.disaggregation.prefill import PrefillTransfer
+from shoal.disaggregation.ranks import gather_endpoints
+from shoal.disaggregation.rooms import TransferCounters
+from shoal.disaggregation.transport import Transport
 from shoal.engine.distributed import RankGroups, RankLayout, init_distributed
 from shoal.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from shoal.engine.pipeline import PipelineStage
@@ -26,15 +35,19 @@ from shoal.lifecycle import StartupFailed
 from shoal.metrics.scheduler_metrics import SchedulerStats
 from shoal.models import ModelConfig
 from shoal.models.parallel import ParallelGroup
+from shoal.ports import free_port
 from shoal.scheduler.consensus import ConsensusChecker
+from shoal.scheduler.decode_role import DecodeRole
 from shoal.scheduler.io import BroadcastingIO, FollowerIO, Rank0IO
 from shoal.scheduler.memory import ReqMemory
+from shoal.scheduler.prefill_role import PrefillRole
 from shoal.scheduler.prefix_cache import NoPrefixCache, PrefixCache, RadixCache
+from shoal.scheduler.roles import ColocatedRole, Role
 from shoal.scheduler.sampling import SharedSampling, local_sampling
 from shoal.scheduler.scheduler import Runner, Scheduler, SchedulerConfig, SchedulerIO
 from shoal.scheduler.stop import StopChecker
 from shoal.scheduler.watchdog import Watchdog
-from shoal.tokenizer import load_tokenizer, resolve_model_path
+from shoal.tokenizer import load_tokenizer, resolve_model_path, served_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +112,7 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
         max_running_requests=sched_config.max_running_requests,
         context_length=sched_config.context_length,
         world=ParallelGroup(rank=layout.rank, size=layout.world_size, group=groups.control),
-        threads=ctx.threads)
+        threads=ctx.threads, quantization=args.quantization)
     tokenizer = load_tokenizer(model_path)
     eos_ids = set(config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
@@ -112,21 +125,65 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
         checker.start()
     cache: PrefixCache = (NoPrefixCache() if args.disable_radix_cache
                           else RadixCache(runner.token_allocator))
+    memory = ReqMemory(runner.req_to_token_pool, runner.token_allocator, cache)
+    stop_checker = StopChecker(tokenizer, eos_ids, sched_config.context_length)
+    record_event = checker.record if checker is not None else None
     scheduler = Scheduler(
-        runner=_make_forward(runner, layout, injected),
-        memory=ReqMemory(runner.req_to_token_pool, runner.token_allocator, cache),
-        io=io, stop_checker=StopChecker(tokenizer, eos_ids, sched_config.context_length),
-        config=sched_config,
+        runner=_make_forward(runner, layout, injected), memory=memory, io=io,
+        stop_checker=stop_checker, config=sched_config,
         sampling=(local_sampling if groups.control is None
                   else SharedSampling(layout, groups.control)),
-        record_event=checker.record if checker is not None else None,
-        stats=SchedulerStats(args.enable_metrics) if layout.rank == 0 else None)
+        record_event=record_event,
+        stats=SchedulerStats(args.enable_metrics) if layout.rank == 0 else None,
+        role=_make_role(args, ctx, runner, memory, stop_checker,
+                        sched_config.max_running_requests, record_event))
     io.send_ready(ComponentReady(component="scheduler", max_total_tokens=runner.max_total_tokens,
                                  max_running_requests=sched_config.max_running_requests,
                                  context_length=sched_config.context_length))
     logger.info("scheduler ready: %d KV slots, context %d, device %s",
                 runner.max_total_tokens, sched_config.context_length, ctx.device)
     return scheduler
+
+
+def _make_role(args: ServerArgs, ctx: RankContext, runner: ModelRunner, memory: ReqMemory,
+               stop_checker: StopChecker, max_running_requests: int,
+               record_event: Callable[[str], None] | None) -> Role:
+    """This server's disaggregation role; a PD rank binds its transfer inbox (a free port on
+    `--host`), and a prefill's rank 0 also the bootstrap port, before it reports ready."""
+    mode = args.disaggregation_mode
+    if mode == "null":
+        return ColocatedRole()
+    layout = ctx.layout
+    ranks = ParallelGroup(rank=layout.rank, size=layout.world_size, group=ctx.groups.control)
+    local = LocalModel(model=served_model_name(args),
+                       fingerprint=model_fingerprint(runner.model_config),
+                       dtype=str(runner.dtype).removeprefix("torch."), tp=args.tp, pp=args.pp)
+    counters = TransferCounters(export=args.enable_metrics)
+    host, port = advertised_host(args.host), free_port(args.host)
+    inbox = f"tcp://{host}:{port}"
+    server = (f"tcp://{args.host}:{args.disaggregation_bootstrap_port}"
+              if mode == "prefill" and layout.rank == 0 else None)
+    try:
+        transport = Transport(f"tcp://{args.host}:{port}", server, inbox)
+    except zmq.ZMQError as exc:
+        raise StartupFailed(f"cannot listen for KV transfers on {args.host} (bootstrap port "
+                            f"{args.disaggregation_bootstrap_port}, inbox {port}): {exc}") from exc
+    if mode == "prefill":
+        session = uuid.uuid4().hex
+        endpoints = gather_endpoints(inbox, ranks)
+        prefill = PrefillTransfer(
+            transport, layout_of(local, session, endpoints) if server else None,
+            args.disaggregation_timeout, counters)
+        transport.start(prefill)
+        logger.info("prefill role: KV inbox %s%s", inbox,
+                    f", bootstrap server on port {args.disaggregation_bootstrap_port}"
+                    if server else "")
+        return PrefillRole(prefill, runner.kv_pool, memory, ranks, record_event)
+    decode = DecodeTransfer(transport, layout.rank, uuid.uuid4().hex, local, runner.kv_pool,
+                            args.disaggregation_timeout, counters)
+    transport.start(decode)
+    logger.info("decode role: KV inbox %s", inbox)
+    return DecodeRole(decode, memory, stop_checker, max_running_requests, ranks, record_event)
 
 
 def _make_forward(runner: ModelRunner, layout: RankLayout,

@@ -14,6 +14,8 @@ Where is ... (docs/architecture.md has the same index; a test resolves every nam
     overlap         Scheduler.run_forever_overlapped (_must_finish_first decides what waits);
                     the worker runs Scheduler._compute, which fills the future-token map
                     (FutureInputs)
+    disaggregation  roles.Role, called by Scheduler.schedule and Scheduler.process_results:
+                    prefill_role.PrefillRole, decode_role.DecodeRole, roles.ColocatedRole
 
 A batch is a list of entries (request, tokens it computes this step); a request's place in the
 req_to_token table is its `req_pool_idx`; "row" is left to the rows of the logits. Progress
@@ -52,6 +54,7 @@ from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefix_cache import common_prefix_len
 from shoal.scheduler.request import Req
+from shoal.scheduler.roles import ColocatedRole, Role
 from shoal.scheduler.sampling import Sampling, local_sampling
 from shoal.scheduler.stop import StopChecker
 
@@ -130,6 +133,7 @@ LPM_MAX_QUEUE = 128  # beyond this many waiting requests, lpm's matching costs m
 # a waiting request sharing more than this many uncached tokens with a prompt being computed in
 # this step waits for it (SGLang's IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD)
 IN_BATCH_PREFIX_MIN = 32
+ROLE_WAIT_S = 0.02  # idle but for transfers: how long to wait for one before reading requests
 
 
 class Scheduler:
@@ -137,8 +141,9 @@ class Scheduler:
                  stop_checker: StopChecker, config: SchedulerConfig,
                  sampling: Sampling = local_sampling,
                  record_event: Callable[[str], None] | None = None,
-                 stats: SchedulerStats | None = None) -> None:
+                 stats: SchedulerStats | None = None, role: Role | None = None) -> None:
         self.runner = runner
+        self.role = role or ColocatedRole()  # prefill/decode disaggregation (roles.py)
         self.stats = stats  # rank 0 only: the periodic log line and gauges
         self.sampling = sampling
         self.record_event = record_event  # the rank consensus check, when enabled
@@ -161,12 +166,17 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def is_idle(self) -> bool:
+        """Nothing to compute, and no request waiting on a transfer."""
+        return not self.has_work and not self.role.has_work
+
     def run_forever(self) -> None:
         while not self.should_stop:
             self.step()
 
     def step(self) -> None:
-        for message in self.io.recv(blocking=not self.has_work):
+        for message in self.io.recv(blocking=self.is_idle):
             self.handle(message)
         batch = self.schedule()
         if batch is None:
@@ -183,7 +193,7 @@ class Scheduler:
         inflight: Launched | None = None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as worker:
             while not self.should_stop:
-                for message in self.io.recv(blocking=not self.has_work and inflight is None):
+                for message in self.io.recv(blocking=self.is_idle and inflight is None):
                     self.handle(message)
                 batch = self.schedule()
                 if inflight is not None and (batch is None
@@ -236,7 +246,9 @@ class Scheduler:
 
     def _on_idle(self) -> None:
         """Once per idle period: with nothing running, every slot must be free or cached."""
-        if not self.has_work and not self._checked_idle:
+        if self.role.has_work:
+            self.role.wait(ROLE_WAIT_S)
+        elif not self.has_work and not self._checked_idle:
             self.memory.check_idle_integrity()
             self._checked_idle = True
             if self.stats is not None:
@@ -260,7 +272,8 @@ class Scheduler:
             self._flush_cache(message.rid)
         elif isinstance(message, SchedulerInfoReq):
             self.io.send_reply(ControlReply(rid=message.rid, ok=True,
-                                            info=asdict(self.snapshot())))
+                                            info={**asdict(self.snapshot()),
+                                                  **self.role.info()}))
         else:
             logger.warning("scheduler ignores unexpected message %s", type(message).__name__)
 
@@ -271,7 +284,8 @@ class Scheduler:
             req.finish = FinishReason(kind="abort", message=problem)
             self.io.send_outputs([self._output(req)])
             return
-        self.waiting.append(req)
+        if not self.role.accept(req, message.bootstrap):
+            self.waiting.append(req)
 
     def _validate(self, req: Req) -> str | None:
         if not req.input_ids:
@@ -286,6 +300,9 @@ class Scheduler:
         return None
 
     def _abort(self, rid: str) -> None:
+        dropped = self.role.abort(rid)
+        if dropped:
+            self.io.send_outputs([self._output(r) for r in dropped])
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
@@ -297,7 +314,7 @@ class Scheduler:
                 req.finish = FinishReason(kind="abort", message="aborted")
 
     def _flush_cache(self, rid: str) -> None:
-        if self.has_work:
+        if not self.is_idle:
             self.io.send_reply(ControlReply(rid=rid, ok=False, message=(
                 f"cannot flush the cache while {len(self.running)} requests run and "
                 f"{len(self.waiting)} wait")))
@@ -308,6 +325,9 @@ class Scheduler:
     # -- scheduling -------------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch | None:
+        moved = self.role.before_schedule(self)
+        if moved:
+            self.io.send_outputs([self._output(r) for r in moved])
         self._finish_aborted()
         # a request whose last token is still being sampled (the overlap loop) waits for it
         decoding = [r for r in self.running if r.extend_len == 1 and r.remaining_new_tokens > 0
@@ -484,9 +504,10 @@ class Scheduler:
         for (req, n), epoch in zip(batch.entries, batch.epochs):
             if n > 1 and req.epoch == epoch and req.finish is None:
                 self.memory.cache_progress(req)
+        held = self.role.after_step(batch, appended)
         self.num_generated_tokens += len(appended)
         self.io.send_outputs([self._output(r) for r in appended
-                              if r.stream or r.finish is not None])
+                              if (r.stream or r.finish is not None) and r.rid not in held])
         self._release_finished()
 
     def _finish_aborted(self) -> None:
