@@ -31,6 +31,7 @@ from shoal.ipc import sockets
 from shoal.ipc.messages import (
     AbortReq,
     BatchStrOut,
+    BootstrapInfo,
     ComponentReady,
     ControlReply,
     FinishReason,
@@ -223,6 +224,16 @@ class TokenizerManager:
             raise bad_request(f"Token id {bad} is out of the vocabulary [0, {self.vocab_size}).",
                               param)
 
+    def check_bootstrap(self, bootstrap: BootstrapInfo | None) -> None:
+        """A prefill or decode server serves the requests `shoal router` paired (docs/pd.md)."""
+        mode = self.args.disaggregation_mode
+        if mode != "null" and bootstrap is None:
+            other = "decode" if mode == "prefill" else "prefill"
+            raise bad_request(
+                f"This is a {mode} server (--disaggregation-mode {mode}): send requests through "
+                f"`shoal router`, which pairs it with a {other} server (bootstrap_host, "
+                f"bootstrap_port and bootstrap_room are missing).", "bootstrap_room")
+
     def max_new_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
         # NOTE: one request must fit both the context window and the whole KV cache.
         limits = [v for v in (self.context_length, self._scheduler_limit("max_total_tokens")) if v]
@@ -232,7 +243,8 @@ class TokenizerManager:
 
     def generate(self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None,
                  stream: bool = False, logprob: LogprobParams | None = None,
-                 is_disconnected: IsDisconnected | None = None) -> AsyncIterator[ReqStrOut]:
+                 is_disconnected: IsDisconnected | None = None,
+                 bootstrap: BootstrapInfo | None = None) -> AsyncIterator[ReqStrOut]:
         """Submit a request now and return an iterator over its chunks (the last has `finish`).
 
         Raises `APIError` at once when the server is not ready or `rid` is in use. The iterator
@@ -246,7 +258,7 @@ class TokenizerManager:
             raise bad_request(f"Request id {rid!r} is already in use.", "rid")
         state = self.rid_to_state[rid] = ReqState()
         self._send(GenerateReq(rid=rid, input_ids=input_ids, sampling=sampling, stream=stream,
-                               logprob=logprob))
+                               logprob=logprob, bootstrap=bootstrap))
         return self._outputs(rid, state, is_disconnected)
 
     async def _outputs(self, rid: str, state: ReqState,
@@ -279,13 +291,14 @@ class TokenizerManager:
 
     async def generate_full(self, input_ids: list[int], sampling: SamplingParams, *,
                             rid: str | None = None, logprob: LogprobParams | None = None,
-                            is_disconnected: IsDisconnected | None = None) -> GenerateResult:
+                            is_disconnected: IsDisconnected | None = None,
+                            bootstrap: BootstrapInfo | None = None) -> GenerateResult:
         """Run a request to the end; an aborted request raises a 500 `APIError`."""
         start = time.monotonic()
         so_far = Accumulated.expecting(logprobs=logprob is not None)
         last: ReqStrOut | None = None
         async for last in self.generate(input_ids, sampling, rid=rid, logprob=logprob,
-                                         is_disconnected=is_disconnected):
+                                         is_disconnected=is_disconnected, bootstrap=bootstrap):
             so_far.add(last)
         if last is None or last.finish is None:
             raise APIError(499, "Client closed the request.", "client_disconnected")
