@@ -10,7 +10,7 @@
 # k8s.io/kubernetes module (the module cache stays untouched; -modfile points a copy of go.mod at
 # it; `go build -overlay` may not replace files in the module cache) whose
 # validation.ValidateEndpointIP accepts loopback addresses. The test cluster's pods have
-# loopback addresses (each its own 127.N.x.y, see docs/kubernetes-test-cluster.md), which the
+# loopback addresses (each its own 127.N.x.y, see docs/kubernetes.md ("The test cluster")), which the
 # API server otherwise refuses in Endpoints and EndpointSlices; nothing else changes.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -17,7 +17,7 @@ from tests.unit.helm.chart import CHART, NAMESPACE, RELEASE, REPO, run_helm, val
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES_TEXT = (CHART / "values.yaml").read_text()
-VALUES_DOC = REPO / "docs" / "kubernetes-helm-values.md"
+VALUES_DOC = REPO / "docs" / "kubernetes.md"
 _KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z][\w-]*):")
 
 

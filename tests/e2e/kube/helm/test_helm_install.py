@@ -146,6 +146,6 @@ def test_example_serves_through_upgrade_and_uninstall(release: Release, namespac
     _assert_chat(release, namespace, url)
 
     # without its operator, a ModelDeployment keeps the operator's finalizer: take it off as
-    # docs/kubernetes-helm-values.md says, so the namespace can go
+    # docs/kubernetes.md says, so the namespace can go
     release.custom.patch_namespaced_custom_object(*MD, namespace, "modeldeployments",
                                                   EXAMPLE_NAME, {"metadata": {"finalizers": None}})
