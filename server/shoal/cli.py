@@ -26,6 +26,7 @@ from shoal.config import (
 from shoal.launch.component import ROLES
 from shoal.launch.supervisord import add_supervisord_flags
 from shoal.lifecycle import ExitCode, fail, reset_termination_log
+from shoal.router.args import add_router_flags, router_args_from_namespace
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("name", nargs="?", default=model_store.DEFAULT_MODEL)
     model_commands.add_parser("list", help="embedded models and whether they are prepared")
     add_bench_commands(commands)
+    router = commands.add_parser("router", help="one OpenAI-compatible front for colocated "
+                                 "servers or prefill/decode pairs (docs/pd.md)")
+    router.on_error = lambda message: _startup_failed("router", message)
+    add_router_flags(router)
     return parser
 
 
@@ -86,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_model(ns))
     if ns.command == "bench":
         sys.exit(bench_main(ns))
+    if ns.command == "router":
+        sys.exit(_router(ns))
     try:
         args = server_args_from_namespace(ns)
     except ConfigError as exc:
@@ -119,6 +126,17 @@ def _serve(args: ServerArgs) -> int:
         if args.node_rank > 0:
             serve_node_health(args.host, args.port, runner.all_alive)
         return runner.run()
+
+
+def _router(ns: argparse.Namespace) -> int:
+    args = router_args_from_namespace(ns)
+    problems = args.problems()
+    if problems:
+        _startup_failed("router", "; ".join(problems))
+    from shoal.router.main import run_router
+
+    run_router(args)
+    return 0
 
 
 def _model(ns: argparse.Namespace) -> int:
