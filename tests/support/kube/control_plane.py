@@ -31,7 +31,8 @@ def apiserver_argv(binary: Path, *, etcd_port: int, port: int, cert_dir: Path, t
                    signing_key: Path) -> list[str]:
     """TLS from a self-signed pair the apiserver writes into `cert_dir` (apiserver.crt holds the
     CA too); static-token authentication; RBAC; ServiceAccount tokens (TokenRequest) signed
-    with `signing_key`."""
+    with `signing_key`; the default admission plugins plus OwnerReferencesPermissionEnforcement,
+    as hardened clusters run it (setting a blocking owner reference needs `<owner>/finalizers`)."""
     return [str(binary), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={port}", f"--cert-dir={cert_dir}", f"--token-auth-file={token_file}",
@@ -39,6 +40,7 @@ def apiserver_argv(binary: Path, *, etcd_port: int, port: int, cert_dir: Path, t
             f"--service-account-key-file={signing_key}",
             f"--service-account-signing-key-file={signing_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--endpoint-reconciler-type=none", "--profiling=false"]
 
 
