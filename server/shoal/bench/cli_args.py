@@ -59,6 +59,8 @@ def add_forward_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--dtype", default="auto",
                         choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--quantization", default="none", choices=("none", "w8a16"),
+                        help="as `shoal serve --quantization`")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="torch threads (default: the scheduler's: one core per rank is "
                              "left to the api and detokenizer)")

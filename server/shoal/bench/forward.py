@@ -39,6 +39,7 @@ class ForwardBenchConfig:
     warmup_steps: int = 2
     device: str = "auto"
     dtype: str = "auto"
+    quantization: str = "none"
     num_threads: int | None = None  # None: the scheduler's policy for one rank on this host
     seed: int = 0
 
@@ -67,7 +68,8 @@ def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
     max_len = cfg.context_len + cfg.warmup_steps + cfg.steps
     runner = ModelRunner(cfg.model_path, device, dtype, ParallelGroup(),
                          max_total_tokens=cfg.batch_size * max_len,
-                         max_running_requests=cfg.batch_size, context_length=max_len)
+                         max_running_requests=cfg.batch_size, context_length=max_len,
+                         quantization=cfg.quantization)
     rows = alloc_rows(runner, cfg.batch_size)
     prompt = torch.randint(0, runner.model_config.vocab_size, (cfg.context_len,),
                            dtype=torch.int64, device=device)
@@ -151,7 +153,8 @@ def forward_main(ns: argparse.Namespace) -> int:
     cfg = ForwardBenchConfig(
         model_path=ns.model_path or str(model_store.prepare()), batch_size=ns.batch_size,
         context_len=ns.context_len, steps=ns.steps, warmup_steps=ns.warmup_steps,
-        device=ns.device, dtype=ns.dtype, num_threads=ns.num_threads, seed=ns.seed)
+        device=ns.device, dtype=ns.dtype, quantization=ns.quantization,
+        num_threads=ns.num_threads, seed=ns.seed)
     result = run_forward_bench(cfg)
     print(f"bare forward: batch {result.batch_size}, context {result.context_len}, "
           f"{result.steps} steps, {result.num_threads} threads, {result.device} {result.dtype}\n"
