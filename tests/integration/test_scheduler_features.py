@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from tests.support.reference import assert_same_or_tie, greedy
 from tests.support.server import RunningServer, start_server
+from tests.support.wait import wait_until
 
 WORDS = ["lantern", "harbor", "meadow", "copper", "violin", "glacier", "orchard", "pepper",
          "canyon", "ribbon", "thunder", "marble", "saddle", "quartz", "willow", "falcon"]
@@ -65,8 +66,8 @@ def test_disconnect_frees_slots_within_a_second(default_server: RunningServer) -
                     break
             assert pool(client)["num_running_reqs"] == 1
         closed = time.monotonic()
-        while pool(client)["num_running_reqs"] and time.monotonic() - closed < 5:
-            time.sleep(0.05)
+        wait_until(lambda: not pool(client)["num_running_reqs"], 5, interval=0.05,
+                   what="the disconnected request freed")
         freed_after = time.monotonic() - closed
         after = pool(client)
     assert after["num_running_reqs"] == 0 and freed_after < 1.0

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.kube.cluster import KubeCluster, RunningCluster, chart_crds, start_cluster
 from tests.support.kube.kubelet_handle import KubeletHandle
-from tests.support.kube.waiting import wait_until
+from tests.support.wait import wait_until
 
 NAMESPACE_READY_S = 30.0
 PODS_GONE_S = 120.0
@@ -52,12 +52,12 @@ def namespace(request: pytest.FixtureRequest, running_cluster: RunningCluster) -
     core.create_namespace({"metadata": {"name": name}})
     wait_until(lambda: any(sa.metadata.name == "default" for sa in
                            core.list_namespaced_service_account(name).items),
-               NAMESPACE_READY_S, message=f"no default ServiceAccount in {name}")
+               NAMESPACE_READY_S, what=f"no default ServiceAccount in {name}")
     yield name
     running_cluster.check_running()
     core.delete_namespace(name)  # Terminating: nothing creates pods in it any more
     core.delete_collection_namespaced_pod(name)  # sooner than the namespace controller would
     wait_until(lambda: not core.list_namespaced_pod(name).items, PODS_GONE_S,
-               message=f"pods of namespace {name} still there")
+               what=f"pods of namespace {name} still there")
     wait_until(lambda: not running_cluster.kubelet.namespace_processes(name),
-               PODS_GONE_S, message=f"processes of {name}'s pods still running")
+               PODS_GONE_S, what=f"processes of {name}'s pods still running")

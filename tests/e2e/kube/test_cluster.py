@@ -19,7 +19,7 @@ from kubernetes.dynamic.exceptions import ConflictError, ForbiddenError, NotFoun
 
 from tests.support.kube.cluster import KubeCluster
 from tests.support.kube.kubelet_handle import KubeletHandle
-from tests.support.kube.waiting import wait_until
+from tests.support.wait import wait_until
 
 POD_TIMEOUT_S = 60.0
 
@@ -58,7 +58,7 @@ def wait_pod(kube: DynamicClient, namespace: str, name: str, what: str,
     def check() -> dict[str, Any] | None:
         pod = get_pod(kube, namespace, name)
         return pod if predicate(pod) else None
-    return wait_until(check, timeout, message=f"pod {name} not {what}")
+    return wait_until(check, timeout, what=f"pod {name} not {what}")
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
@@ -189,7 +189,7 @@ def test_rbac_refuses_a_token_user_without_rights(kube_cluster: KubeCluster,
                     "name": "pod-reader"},
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]})
     wait_until(lambda: _can_list_pods(as_reader, namespace), 10,
-               message="the RoleBinding never took effect")
+               what="the RoleBinding never took effect")
     with pytest.raises(ForbiddenError):
         resource(as_reader, "Secret").get(namespace=namespace)
 
@@ -217,9 +217,9 @@ def test_cascading_deletion_through_the_garbage_collector(kube: DynamicClient, n
     secrets = resource(kube, "Secret")
     wait_until(lambda: not [s for s in secrets.get(namespace=namespace).items
                             if s.metadata.name.startswith("dependent-")], 30,
-               message="dependents not collected")
+               what="dependents not collected")
     wait_until(lambda: not [m for m in resource(kube, "ConfigMap").get(namespace=namespace).items
-                            if m.metadata.name == "owner"], 30, message="owner still there")
+                            if m.metadata.name == "owner"], 30, what="owner still there")
 
 
 # the process kubelet --------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_pod_gets_ready_on_its_own_address_and_into_an_endpoint_slice(
                                       label_selector="kubernetes.io/service-name=web").items
                 for e in s.endpoints or [] if e.conditions.ready for a in e.addresses]
 
-    assert wait_until(addresses, 30, message="no ready endpoint") == [ip]
+    assert wait_until(addresses, 30, what="no ready endpoint") == [ip]
 
 
 def test_pods_resolve_their_hostname_and_a_siblings_dns_name(
@@ -347,7 +347,7 @@ def test_deletion_terminates_every_process_of_the_pod(
         p["status"].get("containerStatuses") or [{}])[0].get("state", {}))
     processes = wait_until(lambda: len(kubelet.pod_processes(namespace, "victim")) >= 4 and
                            kubelet.pod_processes(namespace, "victim"), 30,
-                           message="the pod's processes did not start")
+                           what="the pod's processes did not start")
     seen: list[dict[str, Any]] = []
     started = threading.Event()
     watching = threading.Thread(target=watch_until_deleted,
@@ -394,7 +394,7 @@ def test_exec_readiness_gates_ready_and_a_failing_liveness_probe_restarts(
         "containerStatuses"][0]["restartCount"] >= 1)
     assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
     wait_until(lambda: "runs xx\n" in kubelet.pod_log(namespace, "probed"), 30,
-               message="the second run did not see the first one's emptyDir")
+               what="the second run did not see the first one's emptyDir")
     events = resource(kube, "Event").get(namespace=namespace).to_dict()["items"]
     assert any(e["reason"] == "Unhealthy" and "Liveness" in e["message"] for e in events)
 
@@ -415,7 +415,7 @@ def test_a_deployments_pod_is_restarted_after_its_process_exits(
         statuses = [s for p in items for s in p.get("status", {}).get("containerStatuses") or []]
         return items[0] if statuses and statuses[0]["restartCount"] >= 2 else None
 
-    pod = wait_until(restarted_pod, POD_TIMEOUT_S, message="the pod was never restarted")
+    pod = wait_until(restarted_pod, POD_TIMEOUT_S, what="the pod was never restarted")
     status = pod["status"]["containerStatuses"][0]
     assert status["lastState"]["terminated"]["exitCode"] == 0
     assert pod["status"]["phase"] == "Running"

@@ -11,7 +11,7 @@ import yaml
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from tests.support.kube.waiting import wait_until
+from tests.support.wait import wait_until
 
 DISCOVERY_TIMEOUT_S = 30.0
 FIELD_MANAGER = "shoal-tests"
@@ -49,7 +49,7 @@ def wait_established(client: DynamicClient, crd_name: str) -> None:
             "conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_until(established, DISCOVERY_TIMEOUT_S, message=f"CRD {crd_name} not Established")
+    wait_until(established, DISCOVERY_TIMEOUT_S, what=f"CRD {crd_name} not Established")
 
 
 def _resource(client: DynamicClient, api_version: str, kind: str) -> Any:
@@ -61,4 +61,4 @@ def _resource(client: DynamicClient, api_version: str, kind: str) -> Any:
             return None
 
     return wait_until(found, DISCOVERY_TIMEOUT_S,
-                      message=f"the API serves no {kind} in {api_version}")
+                      what=f"the API serves no {kind} in {api_version}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.unit.helm.chart import CI_VALUES, REPO
+from tests.support.helm import CI_VALUES, REPO
 
 
 def test_lint_script_is_clean_for_default_and_every_ci_values_file() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from shoal_operator import names
 
-from tests.unit.helm.chart import (
+from tests.support.helm import (
     CI_VALUES,
     NAMESPACE,
     OPERATOR_PERMISSIONS,

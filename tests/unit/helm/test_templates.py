@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import shoal
-from tests.unit.helm.chart import CHART, CI_VALUES, RELEASE, only, render, run_helm
+from tests.support.helm import CHART, CI_VALUES, RELEASE, only, render, run_helm
 
 STANDARD_LABELS = {
     "app.kubernetes.io/name": "shoal",

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import shoal
-from tests.unit.helm.chart import CHART, NAMESPACE, RELEASE, REPO, run_helm, values_args
+from tests.support.helm import CHART, NAMESPACE, RELEASE, REPO, run_helm, values_args
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES_TEXT = (CHART / "values.yaml").read_text()

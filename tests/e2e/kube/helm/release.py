@@ -23,8 +23,8 @@ import psutil
 
 from tests.support.kube.cluster import KubeCluster, RunningCluster
 from tests.support.kube.kubelet_handle import KubeletHandle
-from tests.support.kube.waiting import wait_until
-from tests.unit.helm.chart import CHART, RELEASE, run_helm
+from tests.support.wait import wait_until
+from tests.support.helm import CHART, RELEASE, run_helm
 
 HELM_WAIT = "180s"
 GONE_S = 120.0
@@ -144,9 +144,9 @@ def delete_namespace(running: RunningCluster, name: str) -> None:
     core = kubernetes.client.CoreV1Api(running.cluster.api_client())
     core.delete_namespace(name)
     wait_until(lambda: not any(ns.metadata.name == name for ns in core.list_namespace().items),
-               GONE_S, message=f"namespace {name} still there")
+               GONE_S, what=f"namespace {name} still there")
     wait_until(lambda: not running.kubelet.namespace_processes(name), GONE_S,
-               message=f"processes of {name}'s pods still running")
+               what=f"processes of {name}'s pods still running")
 
 
 def granted(client: kubernetes.client.ApiClient, namespace: str) -> set[tuple[str, str, str]]:

@@ -22,8 +22,8 @@ from tests.e2e.kube.helm.release import (
     token_subject,
 )
 from tests.support.kube.binaries import REPO
-from tests.support.kube.waiting import wait_until
-from tests.unit.helm.chart import CHART, OPERATOR_PERMISSIONS, RELEASE
+from tests.support.wait import wait_until
+from tests.support.helm import CHART, OPERATOR_PERMISSIONS, RELEASE
 
 EXAMPLE = REPO / "examples" / "colocated-tp2.yaml"
 EXAMPLE_NAME = "smollm-tp2"
@@ -102,7 +102,7 @@ def test_example_serves_through_upgrade_and_uninstall(release: Release, namespac
     release.cluster.apply_file(EXAMPLE, namespace)
     md = wait_until(lambda: (lambda md: md if md.get("status", {}).get("phase") == "Ready"
                              else None)(_model_deployment(release, namespace)),
-                    READY_S, interval=1.0, message=f"{EXAMPLE_NAME} not Ready")
+                    READY_S, interval=1.0, what=f"{EXAMPLE_NAME} not Ready")
     url = service_url(release.core, namespace, md["status"]["endpoint"])
     _assert_chat(release, namespace, url)
     engine = _engine_pods(release, namespace)
@@ -121,7 +121,7 @@ def test_example_serves_through_upgrade_and_uninstall(release: Release, namespac
         *MD, namespace, "modeldeployments", EXAMPLE_NAME,
         {"spec": {"restartPolicy": {"maxGroupRestarts": 11}}})["metadata"]["generation"]
     wait_until(lambda: _model_deployment(release, namespace)["status"].get(
-        "observedGeneration") == generation, 60, message="the new operator made no pass")
+        "observedGeneration") == generation, 60, what="the new operator made no pass")
     assert _engine_pods(release, namespace) == engine
     assert _engine_pids(release, namespace, engine) == pids
     assert _model_deployment(release, namespace)["status"]["phase"] == "Ready"
@@ -131,7 +131,7 @@ def test_example_serves_through_upgrade_and_uninstall(release: Release, namespac
 
     # helm uninstall: operator and RBAC gone; CRD, ModelDeployment and engine stay
     release.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
-    wait_until(lambda: not release.operator_pods(), 60, message="operator pod still there")
+    wait_until(lambda: not release.operator_pods(), 60, what="operator pod still there")
     rbac = kubernetes.client.RbacAuthorizationV1Api(release.cluster.api_client())
     assert SERVICE_ACCOUNT not in {r.metadata.name for r in rbac.list_cluster_role().items}
     assert SERVICE_ACCOUNT not in {b.metadata.name for b in rbac.list_cluster_role_binding().items}

@@ -20,8 +20,8 @@ from tests.e2e.kube.helm.release import (
     helm_release,
 )
 from tests.support.kube.cluster import RunningCluster
-from tests.support.kube.waiting import wait_until
-from tests.unit.helm.chart import OPERATOR_PERMISSIONS
+from tests.support.wait import wait_until
+from tests.support.helm import OPERATOR_PERMISSIONS
 
 CREATED_S = 60.0
 MD = ("shoal.dev", "v1alpha1", "modeldeployments")
@@ -71,7 +71,7 @@ def test_operator_handles_the_watched_namespace_and_no_other(namespaced: Release
         namespaced.custom.create_namespaced_custom_object(*MD[:2], where, MD[2],
                                                           MODEL_DEPLOYMENT)
     wait_until(lambda: _status(namespaced, watched, "watched").get("observedGeneration"),
-               CREATED_S, message="the operator wrote no status in the watched namespace")
+               CREATED_S, what="the operator wrote no status in the watched namespace")
     assert {s.metadata.name for s in namespaced.core.list_namespaced_service(watched).items} == {
         "watched", "watched-nodes"}
     assert _status(namespaced, namespace, "watched") == {}
@@ -83,4 +83,4 @@ def test_operator_handles_the_watched_namespace_and_no_other(namespaced: Release
     # the handled one is deleted while its operator runs: it takes its finalizer off
     namespaced.custom.delete_namespaced_custom_object(*MD[:2], watched, MD[2], "watched")
     wait_until(lambda: not namespaced.custom.list_namespaced_custom_object(
-        *MD[:2], watched, MD[2])["items"], CREATED_S, message="ModelDeployment not deleted")
+        *MD[:2], watched, MD[2])["items"], CREATED_S, what="ModelDeployment not deleted")

@@ -25,7 +25,7 @@ from tests.support.kube.binaries import REPO
 from tests.support.kube.cluster import KubeCluster, RunningCluster
 from tests.support.kube.kubelet_handle import KubeletHandle
 from tests.support.kube.processes import Component, start_component
-from tests.support.kube.waiting import wait_until
+from tests.support.wait import wait_until
 
 CRD_FILE = REPO / "helm" / "shoal" / "crds" / "modeldeployments.shoal.dev.yaml"
 GROUP, VERSION, PLURAL = "shoal.dev", "v1alpha1", "modeldeployments"
@@ -78,7 +78,7 @@ def crd(kube_cluster: KubeCluster) -> Path:
     ext = kubernetes.client.ApiextensionsV1Api(kube_cluster.api_client())
     wait_until(lambda: any(c.type == "Established" and c.status == "True" for c in
                            ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}").status
-                           .conditions or []), 30, message="CRD not established")
+                           .conditions or []), 30, what="CRD not established")
     return CRD_FILE
 
 
@@ -104,9 +104,9 @@ def module_namespace(request: pytest.FixtureRequest,
     yield name
     core.delete_namespace(name)
     wait_until(lambda: not core.list_namespaced_pod(name).items, PODS_GONE_S,
-               message=f"pods of namespace {name} still there")
+               what=f"pods of namespace {name} still there")
     wait_until(lambda: not running_cluster.kubelet.namespace_processes(name), PODS_GONE_S,
-               message=f"processes of {name}'s pods still running")
+               what=f"processes of {name}'s pods still running")
 
 
 @dataclass
@@ -168,7 +168,7 @@ class Deployments:
                        and status.get("observedGeneration") == md["metadata"]["generation"]
                        and not any(p.metadata.deletion_timestamp for p in pods))
             return status if settled else None
-        return wait_until(ready, timeout, interval=0.5, message=f"{name} not Ready")
+        return wait_until(ready, timeout, interval=0.5, what=f"{name} not Ready")
 
     # -- what it made --------------------------------------------------------------------
 
@@ -198,7 +198,7 @@ class Deployments:
                 except psutil.Error:
                     continue
             return None
-        return wait_until(find, 30, message=f"no {title} in pod {pod}")
+        return wait_until(find, 30, what=f"no {title} in pod {pod}")
 
     def serving_address(self, name: str) -> str:
         """http://IP:PORT of a ready endpoint of the ModelDeployment's Service, as its
@@ -211,7 +211,7 @@ class Deployments:
                     if endpoint.conditions.ready and port:
                         return f"http://{endpoint.addresses[0]}:{port}"
             return None
-        return wait_until(address, 60, message=f"no ready endpoint of Service {name}")
+        return wait_until(address, 60, what=f"no ready endpoint of Service {name}")
 
     def chat(self, name: str, max_tokens: int = 8, timeout: float = 120,
              ignore_eos: bool = False) -> httpx.Response:
@@ -248,5 +248,5 @@ def wait_restarted(mds: Deployments, name: str, reason: str, count: int,
         gone = not set(old_uids.values()) & set(mds.pod_uids(name).values())
         return status if counted and gone else None
     return wait_until(restarted, timeout, interval=0.5,
-                      message=f"{name}: no {reason} restart #{count}")
+                      what=f"{name}: no {reason} restart #{count}")
 

@@ -13,7 +13,7 @@ from tests.e2e.kube.operator.conftest import (
     rendezvous_env,
     wait_restarted,
 )
-from tests.support.kube.waiting import wait_until
+from tests.support.wait import wait_until
 
 QUIET_S = 8.0  # how long "nothing happens" is watched
 DIVERGE_AFTER_EVENTS = 30  # an event per scheduling step: 4 tokens are ~6, 64 tokens ~66
@@ -45,7 +45,7 @@ def test_consensus_divergence_recreates_then_fails_past_the_limit(
     # the fault recurs in the new incarnation: past maxGroupRestarts the group stays Failed
     mds.chat_until_it_breaks("cons", 2 * DIVERGE_AFTER_EVENTS)
     wait_until(lambda: mds.status("cons").get("phase") == "Failed", 120, interval=0.5,
-               message="cons not Failed")
+               what="cons not Failed")
     degraded = mds.condition("cons", "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "RestartLimitReached"
     assert "exited 87" in degraded["message"]
@@ -64,7 +64,7 @@ def test_startup_failure_waits_for_a_fixed_spec_and_deletion_removes_everything(
     mds.create("boot", {"engine": {"args": ["--no-such-flag"]},
                         "restartPolicy": {"backoff": {"initialSeconds": 0}}})
     wait_until(lambda: mds.status("boot").get("phase") == "Failed", 120, interval=0.5,
-               message="boot not Failed")
+               what="boot not Failed")
     degraded = mds.condition("boot", "Degraded")
     assert degraded["reason"] == "StartupFailed" and "exited 88" in degraded["message"]
     assert "--no-such-flag" in degraded["message"]
@@ -82,7 +82,7 @@ def test_startup_failure_waits_for_a_fixed_spec_and_deletion_removes_everything(
     mds.delete("boot")
     wait_until(lambda: not mds.exists("boot") and not mds.pods("boot")
                and not mds.services("boot"), 120, interval=0.5,
-               message="pods or Services of boot left after its deletion")
+               what="pods or Services of boot left after its deletion")
     wait_until(lambda: not mds.kubelet.namespace_processes(mds.namespace), 60,
-               message="processes of boot's pods left")
+               what="processes of boot's pods left")
 

@@ -22,7 +22,7 @@ from tests.e2e.kube.operator.conftest import (
     rendezvous_env,
     wait_restarted,
 )
-from tests.support.kube.waiting import wait_until
+from tests.support.wait import wait_until
 
 NAME = "llm"
 HANG_AFTER_STEPS = 40
@@ -59,7 +59,7 @@ def _assert_serves(mds: Deployments) -> str:
 def _restart_event(mds: Deployments, incarnation: int) -> Any:
     return wait_until(lambda: next((e for e in mds.events(NAME) if e.reason == "GroupRestart"
                                     and e.metadata.name.endswith(f".restart-{incarnation}")),
-                                   None), 30, message=f"no GroupRestart event #{incarnation}")
+                                   None), 30, what=f"no GroupRestart event #{incarnation}")
 
 
 def test_two_pods_one_rank_each_serve_through_the_service(mds: Deployments) -> None:
@@ -117,7 +117,7 @@ def test_a_killed_rank_recreates_the_group_once_across_an_operator_restart(
     old = mds.pod_uids(NAME)
     mds.rank_process("llm-0-1", "shoal::scheduler_TP1").kill()
     wait_until(lambda: mds.status(NAME)["groups"][0]["phase"] == "Restarting", 60,
-               interval=0.1, message="group not Restarting")
+               interval=0.1, what="group not Restarting")
     operator.kill()  # the group now waits out its 6 s backoff with no operator
     counted = mds.status(NAME)
     assert counted["restartsByReason"] == {"watchdog": 1, "crash": 1}
@@ -126,16 +126,16 @@ def test_a_killed_rank_recreates_the_group_once_across_an_operator_restart(
     time.sleep(2)
     operator.start()
     seen: dict[str, str] = {}
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # every pod that appears until the group is back
+
+    def group_back() -> bool:  # records every pod that appears until the group is back
         pods = mds.pods(NAME)
         seen.update({p.metadata.uid: p.metadata.name for p in pods})
         live = [p for p in pods if not p.metadata.deletion_timestamp]
         assert len(live) <= 2, [p.metadata.name for p in live]
-        if len(live) == 2 and not set(old.values()) & {p.metadata.uid for p in pods} and \
-                mds.status(NAME).get("readyReplicas") == 1:
-            break
-        time.sleep(0.5)
+        return len(live) == 2 and not set(old.values()) & {p.metadata.uid for p in pods} and \
+            mds.status(NAME).get("readyReplicas") == 1
+
+    wait_until(group_back, 300, interval=0.5, what="the group back with two new pods")
     mds.wait_ready(NAME)
     new = sorted(name for uid, name in seen.items() if uid not in old.values())
     assert new == ["llm-0-0", "llm-0-1"]  # each created once: no duplicates

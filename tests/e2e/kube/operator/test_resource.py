@@ -15,7 +15,7 @@ import yaml
 
 from tests.e2e.kube.operator.conftest import GROUP, PLURAL, VERSION, Deployments
 from tests.support.kube.cluster import KubeCluster
-from tests.support.kube.waiting import wait_until
+from tests.support.wait import wait_until
 
 INVALID = [
     ({"engine": {"tp": 0}}, "spec.engine.tp"),
@@ -73,14 +73,14 @@ def test_kubectl_scale_and_the_printer_columns(deployments: Deployments,
     mds = deployments
     mds.create("scaled", {"replicas": 2, "engine": {"args": ["--no-such-flag"]}})
     wait_until(lambda: [g["phase"] for g in mds.status("scaled").get("groups", [])] == [
-        "Failed", "Failed"], 120, interval=0.5, message="groups not Failed")
+        "Failed", "Failed"], 120, interval=0.5, what="groups not Failed")
     mds.custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, mds.namespace, PLURAL, "scaled", {"spec": {"replicas": 1}})
     assert mds.get("scaled")["spec"]["replicas"] == 1
     # group 1 goes; group 0 tries again (a new generation) and fails again
     wait_until(lambda: [(g["name"], g["phase"]) for g in mds.status("scaled")["groups"]] == [
         ("scaled-0", "Failed")] and {p.metadata.name for p in mds.pods("scaled")} == {
-        "scaled-0-0"}, 120, interval=0.5, message="group scaled-1 not removed")
+        "scaled-0-0"}, 120, interval=0.5, what="group scaled-1 not removed")
     scale = mds.custom.get_namespaced_custom_object_scale(GROUP, VERSION, mds.namespace,
                                                           PLURAL, "scaled")
     assert scale["spec"]["replicas"] == 1
