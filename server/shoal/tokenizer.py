@@ -10,12 +10,15 @@ from shoal.lifecycle import StartupFailed
 
 
 def resolve_model_path(args: ServerArgs) -> str:
-    """`--model-path`, or the embedded default model (prepared on first use; `StartupFailed` when
-    it is not installed)."""
-    if args.model_path:
+    """`--model-path`: a folder, or the name of an embedded model (prepared on first use); none
+    given: the embedded default model. `StartupFailed` when an embedded model's wheel is not
+    installed."""
+    name = model_store.embedded_name(args.model_path)
+    if name is None:
+        assert args.model_path is not None
         return args.model_path
     try:
-        return str(model_store.prepare(model_store.DEFAULT_MODEL))
+        return str(model_store.prepare(name))
     except model_store.ModelNotAvailable as exc:
         raise StartupFailed(str(exc)) from exc
 
@@ -23,9 +26,7 @@ def resolve_model_path(args: ServerArgs) -> str:
 def served_model_name(args: ServerArgs) -> str:
     if args.served_model_name:
         return args.served_model_name
-    if args.model_path:
-        return args.model_path.rstrip("/")
-    return model_store.DEFAULT_MODEL
+    return model_store.embedded_name(args.model_path) or str(args.model_path).rstrip("/")
 
 
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:

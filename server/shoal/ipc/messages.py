@@ -173,6 +173,30 @@ class ComponentReady(Message):
     max_total_tokens: int = 0
     max_running_requests: int = 0
     context_length: int = 0
+    embedding_dimensions: int = 0  # a scheduler serving an embedding model: its vectors' size
+
+
+class EmbedReq(Message):
+    """api → scheduler rank 0: one input of an embedding request, tokenized."""
+
+    rid: str
+    input_ids: list[int]
+
+
+class ReqEmbeddingOut(msgspec.Struct, array_like=True, kw_only=True):
+    """One input's vector: little-endian float32 bytes (OpenAI's base64 payload, decoded), or
+    nothing and an `error` saying why the input was refused."""
+
+    rid: str
+    embedding: bytes
+    prompt_tokens: int
+    error: str = ""
+
+
+class BatchEmbeddingOut(Message):
+    """scheduler rank 0 → api: the vectors of one forward."""
+
+    outputs: list[ReqEmbeddingOut]
 
 
 class FlushCacheReq(Message):
@@ -197,7 +221,7 @@ class ControlReply(Message):
 
 
 AnyMessage = (GenerateReq | AbortReq | BatchTokenOut | BatchStrOut | ComponentReady
-              | FlushCacheReq | SchedulerInfoReq | ControlReply)
+              | FlushCacheReq | SchedulerInfoReq | ControlReply | EmbedReq | BatchEmbeddingOut)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)

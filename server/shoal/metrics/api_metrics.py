@@ -20,6 +20,12 @@ class RequestMetrics:
         self.inter_token_latency = Histogram("shoal:inter_token_latency_seconds",
                                              "Time between output tokens",
                                              buckets=_LATENCY_BUCKETS)
+        self.embedding_inputs = Counter("shoal:embedding_inputs",
+                                        "Inputs of answered embedding requests")
+        self.embedding_tokens = Counter("shoal:embedding_tokens",
+                                        "Tokens of answered embedding requests")
+        self.embedding_requests = Counter("shoal:embedding_requests",
+                                          "Answered embedding requests")
         self.e2e_latency = Histogram("shoal:e2e_request_latency_seconds",
                                      "Request latency, arrival to last token",
                                      buckets=_LATENCY_BUCKETS)
@@ -33,6 +39,11 @@ class RequestMetrics:
             gap = (now - last_output_at) / num_new_tokens
             for _ in range(num_new_tokens):
                 self.inter_token_latency.observe(gap)
+
+    def on_embeddings(self, num_inputs: int, num_tokens: int) -> None:
+        self.embedding_requests.inc()
+        self.embedding_inputs.inc(num_inputs)
+        self.embedding_tokens.inc(num_tokens)
 
     def on_finish(self, created_at: float, now: float, prompt_tokens: int,
                   completion_tokens: int) -> None:

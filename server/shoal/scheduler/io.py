@@ -1,6 +1,7 @@
 """How a scheduler rank gets its requests and sends its outputs, chosen once at startup.
 
-    one rank           Rank0IO: read ZMQ, send token outputs to the detokenizer
+    one rank           Rank0IO: read ZMQ, send token outputs to the detokenizer (an embedding
+                       model's vectors to the api)
     rank 0 of many     BroadcastingIO: Rank0IO, then every round's messages to the other ranks
     every other rank   FollowerIO: receive rank 0's messages; send nothing
 
@@ -17,9 +18,11 @@ from shoal.engine.distributed import broadcast_bytes
 from shoal.ipc import sockets
 from shoal.ipc.messages import (
     AnyMessage,
+    BatchEmbeddingOut,
     BatchTokenOut,
     ComponentReady,
     ControlReply,
+    ReqEmbeddingOut,
     ReqTokenOut,
     decode_many,
     encode_many,
@@ -44,6 +47,11 @@ class Rank0IO:
     def send_outputs(self, outputs: list[ReqTokenOut]) -> None:
         if outputs:
             sockets.send(self._to_detokenizer, BatchTokenOut(outputs=outputs))
+
+    def send_embeddings(self, outputs: list[ReqEmbeddingOut]) -> None:
+        """An embedding model's vectors go straight to the api: there is no text to decode."""
+        if outputs:
+            sockets.send(self._to_api, BatchEmbeddingOut(outputs=outputs))
 
     def send_ready(self, ready: ComponentReady) -> None:
         sockets.send(self._to_api, ready)

@@ -26,6 +26,7 @@ from shoal.disaggregation.ranks import gather_endpoints
 from shoal.disaggregation.rooms import TransferCounters
 from shoal.disaggregation.transport import Transport
 from shoal.engine.distributed import RankGroups, RankLayout, init_distributed
+from shoal.engine.embedding_runner import EmbeddingRunner
 from shoal.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from shoal.engine.pipeline import PipelineStage
 from shoal.engine.threads import RankThreads
@@ -34,10 +35,12 @@ from shoal.ipc.messages import ComponentReady
 from shoal.lifecycle import StartupFailed
 from shoal.metrics.scheduler_metrics import SchedulerStats
 from shoal.models import ModelConfig
+from shoal.models.bert import is_encoder_model
 from shoal.models.parallel import ParallelGroup
 from shoal.ports import free_port
 from shoal.scheduler.consensus import ConsensusChecker
 from shoal.scheduler.decode_role import DecodeRole
+from shoal.scheduler.embedding import EmbeddingScheduler
 from shoal.scheduler.io import BroadcastingIO, FollowerIO, Rank0IO
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefill_role import PrefillRole
@@ -78,7 +81,10 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
                                   with_consensus_group=args.enable_rank_consensus_check)
         context = RankContext(component.scheduler_name(args), component.run_dir, layout, groups,
                               device, threads)
-        scheduler = build_scheduler(args, context, faults.faults_from_env())
+        scheduler: Scheduler | EmbeddingScheduler = (
+            build_embedding_scheduler(args, context)
+            if is_encoder_model(resolve_model_path(args))
+            else build_scheduler(args, context, faults.faults_from_env()))
     except (OSError, ValueError, RuntimeError) as exc:
         raise StartupFailed(f"{type(exc).__name__}: {exc}") from exc
 
@@ -88,7 +94,7 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     signal.signal(signal.SIGTERM, stop)
     Watchdog(args.watchdog_timeout, lambda: (scheduler.has_work, scheduler.num_forward_steps),
              scheduler.describe_running, context.name, layout.rank).start()
-    if args.use_overlap_schedule:
+    if args.use_overlap_schedule and isinstance(scheduler, Scheduler):
         logger.info("scheduling with the overlap loop")
         scheduler.run_forever_overlapped()
     else:
@@ -142,6 +148,25 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
                                  context_length=sched_config.context_length))
     logger.info("scheduler ready: %d KV slots, context %d, device %s",
                 runner.max_total_tokens, sched_config.context_length, ctx.device)
+    return scheduler
+
+
+def build_embedding_scheduler(args: ServerArgs, ctx: RankContext) -> EmbeddingScheduler:
+    """An embedding model's scheduler: one rank, no KV pool, no sampling."""
+    if ctx.layout.world_size > 1 or args.disaggregation_mode != "null":
+        raise ValueError("an embedding model is served by one rank, colocated: use --tp 1 --pp 1 "
+                         "--nnodes 1 --disaggregation-mode null")
+    runner = EmbeddingRunner(resolve_model_path(args), ctx.device,
+                             resolve_dtype(args.dtype, ctx.device), ctx.threads)
+    io = Rank0IO(sockets.Endpoints(ctx.run_dir))
+    max_inputs = args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
+    scheduler = EmbeddingScheduler(runner, io, max_batch_tokens=args.chunked_prefill_size,
+                                   max_batch_inputs=max_inputs)
+    io.send_ready(ComponentReady(component="scheduler", max_running_requests=max_inputs,
+                                 context_length=runner.max_input_tokens,
+                                 embedding_dimensions=runner.dimensions))
+    logger.info("embedding scheduler ready: %d dimensions, inputs up to %d tokens, device %s",
+                runner.dimensions, runner.max_input_tokens, ctx.device)
     return scheduler
 
 
