@@ -119,6 +119,10 @@ def _filtered_sorted(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Ten
     """Probabilities at temperature `p.temperature`, sorted descending, with the tokens that
     top-k, top-p and min-p exclude set to 0 (not renormalized); and their token ids."""
     probs = torch.softmax(logits.float() / p.temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        # NOTE: a temperature so small (1e-320), or a penalized logit so large, that the scaled
+        # logits overflow: the distribution's limit puts all its mass on the argmax
+        probs = torch.zeros_like(probs).index_fill_(0, logits.argmax().view(1), 1.0)
     sorted_probs, sorted_ids = probs.sort(descending=True)
     if p.top_k > 0:
         sorted_probs[p.top_k:] = 0.0
