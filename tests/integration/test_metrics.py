@@ -5,23 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.metrics import scrape
 from tests.support.server import RunningServer
 from tests.support.wait import wait_until
 
 NUM_REQUESTS = 12
 NEW_TOKENS = 6
-
-
-def scrape(base_url: str) -> dict[str, float]:
-    text = httpx.get(base_url + "/metrics", timeout=10).text
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.labels or set(sample.labels) <= {"pid"}:
-                samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
-    return samples
 
 
 async def load(base_url: str) -> int:
