@@ -22,7 +22,7 @@ endif
 # their Go modules into a cache outside the repository, keyed by version (tools/*/build.sh)
 export SHOAL_TOOLS_DIR ?= $(HOME)/.cache/shoal-tools
 
-.PHONY: setup serve test bench gpu-check clean lint image-smoke kube-tools
+.PHONY: setup serve test bench llama-cpp gpu-check clean lint image-smoke kube-tools
 
 setup: $(STAMP)
 
@@ -46,11 +46,16 @@ kube-tools:
 	tools/k8s/build.sh
 	tools/helm/build.sh
 
-# shoal vs transformers serve --continuous-batching vs the bare forward; writes docs/benchmarks.md
-# and docs/benchmarks_throughput.png (25-30 minutes on 2 cores; workload in docs/benchmarks.md)
-bench: setup
+# llama.cpp's llama-server, the benchmark's peer: built once into ~/.cache/shoal-tools (not shipped)
+llama-cpp:
+	PYTHON=$(BIN)/python tools/llama-cpp/build.sh
+
+# shoal (float32, w8a16) vs llama.cpp's llama-server (F32, Q8_0) vs transformers serve
+# --continuous-batching vs the bare forward; writes docs/benchmarks.md and
+# docs/benchmarks_throughput.png (35-45 minutes on 2 quiet cores; workload in docs/benchmarks.md)
+bench: setup llama-cpp
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/python -m shoal.bench.suite $(BENCH_ARGS)
+	$(BIN)/python -m shoal.bench.suite --llama-cpp-bin "$$(PYTHON=$(BIN)/python tools/llama-cpp/build.sh)" $(BENCH_ARGS)
 
 # on a GPU machine: CUDA greedy parity vs transformers, decode tokens/s at batch 1/32/128, and
 # TP=2 parity when 2+ GPUs exist (install a CUDA build of torch first: TORCH=torch==2.13.0)

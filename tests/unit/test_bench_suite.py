@@ -1,4 +1,5 @@
-"""The `make bench` report: acceptance ratios and docs/benchmarks.md from known results."""
+"""The `make bench` suite: its workloads, acceptance ratios and docs/benchmarks.md from known
+results."""
 
 from __future__ import annotations
 
@@ -7,11 +8,24 @@ from typing import Any
 
 import pytest
 
-from shoal.bench.report import KEEP_SECTION, acceptance, plot_throughput, write_report
-from shoal.bench.suite import _parser, config_from_args
-from shoal.bench.suite_runs import QUICK, Run, SuiteConfig, SuiteResults
+from shoal.bench.acceptance import acceptance
+from shoal.bench.report import KEEP_SECTION, plot_throughput, write_report
+from shoal.bench.suite import _parser, config_from_args, random_args
+from shoal.bench.suite_runs import (
+    LLAMA_F32,
+    LLAMA_Q8,
+    QUICK,
+    SHOAL,
+    SHOAL_INT8,
+    TRANSFORMERS,
+    Run,
+    SuiteConfig,
+    SuiteResults,
+)
 
-CFG = SuiteConfig(concurrencies=(1, 32))
+CFG = SuiteConfig(concurrencies=(1, 32), extra_shapes=((150, 64),), int8_concurrencies=(1, 32),
+                  shared_shapes=((1024, 32), (512, 64)))
+MAIN, OTHER = (64, 128), (150, 64)
 
 
 def serving(output_tps: float, ttft_ms: float = 100.0, tpot_ms: float = 50.0) -> dict[str, Any]:
@@ -27,60 +41,135 @@ def run(label: str, data: dict[str, Any] | None, code: int = 0) -> Run:
                returncode=code, data=data)
 
 
-def results(shoal32: float = 60.0, hf32: float = 25.0, fwd32: float = 70.0,
-            shoal1: float = 20.0, gen: float = 14.0, ttft_on: float = 200.0,
-            ttft_off: float = 1000.0) -> SuiteResults:
+def results(tps: dict[tuple[str, tuple[int, int], int], float] | None = None,
+            ttft32: dict[str, float] | None = None, gen: float = 14.0,
+            radix_ttft: tuple[float, float] = (200.0, 1000.0)) -> SuiteResults:
+    """Every run of CFG, with throughputs that pass every criterion unless overridden."""
+    values = {(SHOAL, MAIN, 1): 40.0, (SHOAL, MAIN, 32): 300.0, (SHOAL, OTHER, 32): 200.0,
+              (SHOAL_INT8, MAIN, 1): 80.0, (SHOAL_INT8, MAIN, 32): 400.0,
+              (LLAMA_F32, MAIN, 1): 35.0, (LLAMA_F32, MAIN, 32): 180.0,
+              (LLAMA_F32, OTHER, 32): 150.0, (LLAMA_Q8, MAIN, 1): 60.0,
+              (LLAMA_Q8, MAIN, 32): 250.0, (TRANSFORMERS, MAIN, 1): 10.0,
+              (TRANSFORMERS, MAIN, 32): 100.0, (TRANSFORMERS, OTHER, 32): 90.0,
+              **(tps or {})}
+    ttft = {SHOAL: 1000.0, LLAMA_F32: 1100.0, **(ttft32 or {})}
     res = SuiteResults()
-    res.shoal = {1: run("shoal-c1", serving(shoal1)), 32: run("shoal-c32", serving(shoal32))}
-    res.transformers = {1: run("hf-c1", serving(10.0)), 32: run("hf-c32", serving(hf32))}
-    res.forward = {1: [run("fwd-b1", {"result": {"tokens_per_s": 22.0}})],
-                   32: [run("fwd-b32-before", {"result": {"tokens_per_s": fwd32 - 5}}),
-                        run("fwd-b32-after", {"result": {"tokens_per_s": fwd32 + 5}})]}
+    for (system, shape, c), v in values.items():
+        ms = ttft.get(system, 500.0) if c == 32 and shape == MAIN else 100.0
+        res.serving[(system, shape, c)] = run(
+            f"{system.replace(' ', '-')}-{shape[0]}x{shape[1]}-c{c}", serving(v, ttft_ms=ms))
+    res.forward = {1: [run("fwd-b1", {"result": {"tokens_per_s": 45.0}})],
+                   32: [run("fwd-b32-before", {"result": {"tokens_per_s": 320.0}}),
+                        run("fwd-b32-after", {"result": {"tokens_per_s": 340.0}})]}
     res.generate = [run("gen-t1", {"tokens_per_s": gen, "decode_tokens_per_s": gen + 1,
                                    "num_threads": 1}),
                     run("gen-t2", {"tokens_per_s": gen / 2, "decode_tokens_per_s": gen,
                                    "num_threads": 2})]
-    res.radix = run("radix", serving(5.0, ttft_ms=ttft_on))
-    res.no_radix = run("no-radix", serving(5.0, ttft_ms=ttft_off))
-    res.servers = {"shoal": "shoal serve --port 1"}
+    on, off = radix_ttft
+    for shape in CFG.shared_shapes:
+        res.shared[(True, shape)] = run(f"radix-{shape}", serving(5.0, ttft_ms=on))
+        res.shared[(False, shape)] = run(f"no-radix-{shape}", serving(5.0, ttft_ms=off))
+    res.servers = {SHOAL: "shoal serve --port 1"}
     return res
 
 
-def test_acceptance_ratios_and_verdicts() -> None:
-    crit = acceptance(CFG, results())
-    assert [c.ratio for c in crit] == pytest.approx([60 / 25, 60 / 70, 20 / 14, 5.0, 1.0])
-    assert [c.verdict for c in crit] == ["PASS", "PASS", "PASS", "PASS", "PASS"]
+def by_name(cfg: SuiteConfig, res: SuiteResults) -> dict[str, tuple[float | None, str]]:
+    return {c.name: (c.ratio, c.verdict) for c in acceptance(cfg, res)}
 
-    crit = acceptance(CFG, results(hf32=40.0, fwd32=100.0, gen=16.0, ttft_off=700.0))
-    assert [c.verdict for c in crit[:4]] == ["FAIL", "FAIL", "FAIL", "FAIL"]
+
+def test_every_issue_criterion_is_checked_and_passes_on_good_numbers() -> None:
+    crit = by_name(CFG, results())
+    assert all(verdict == "PASS" for _, verdict in crit.values()), crit
+    ratios = [r for r, _ in crit.values()]
+    assert ratios[:5] == pytest.approx([40 / 35, 300 / 180, 1100 / 1000, 80 / 40, 80 / 60])
+    assert len(crit) == 13  # 1: c1, c32, TTFT; 2: int8/f32, int8/Q8 x2; 4: 2 shapes vs
+    # transformers, ceiling, 2 shared-prefix shapes; single stream; clean runs
+
+
+def test_targets_fail_where_the_issue_draws_the_line() -> None:
+    crit = by_name(CFG, results(
+        tps={(SHOAL, MAIN, 32): 260.0, (SHOAL_INT8, MAIN, 1): 70.0,
+             (TRANSFORMERS, OTHER, 32): 101.0},
+        ttft32={LLAMA_F32: 900.0}, radix_ttft=(300.0, 1000.0)))
+    failed = {name for name, (_, verdict) in crit.items() if verdict == "FAIL"}
+    assert failed == {
+        "1. same weights, concurrency 32: shoal float32 / llama.cpp F32 output tok/s",  # 1.44
+        "1. TTFT at concurrency 32: llama.cpp F32 / shoal float32 (mean)",
+        "2. concurrency 1: shoal w8a16 / shoal float32",  # 1.75
+        "4. 150 in / 64 out, concurrency 32: shoal / transformers serve CB",  # 1.98
+        "4. shoal at concurrency 32 / bare forward at batch 32",  # 260 / 330 = 0.79
+        "4. shared prefix 1024 + suffix 32: mean TTFT without / with the radix cache",
+        "4. shared prefix 512 + suffix 64: mean TTFT without / with the radix cache"}
+
+
+def test_a_failed_run_makes_its_criterion_unavailable_and_the_clean_check_fail() -> None:
+    res = results()
+    res.serving[(LLAMA_Q8, MAIN, 32)] = run("q8-c32", None, code=1)
+    crit = by_name(CFG, res)
+    assert crit["2. concurrency 32: shoal w8a16 / llama.cpp Q8_0"] == (None, "n/a")
+    name = "`shoal bench serving` ran unmodified against every server, no failed request"
+    assert crit[name] == (0.0, "FAIL")
+
+
+def test_skipped_peers_drop_their_criteria() -> None:
+    cfg = SuiteConfig(concurrencies=(1, 32), skip_llama_cpp=True, skip_transformers=True,
+                      extra_shapes=((150, 64),), int8_concurrencies=(1, 32),
+                      shared_shapes=CFG.shared_shapes)
+    names = list(by_name(cfg, results()))
+    assert not any("llama.cpp" in n or "transformers serve" in n for n in names)
+    assert "2. concurrency 1: shoal w8a16 / shoal float32" in names
 
 
 def test_generate_baseline_is_the_best_thread_count() -> None:
-    res = results(gen=14.0)
-    assert acceptance(CFG, res)[2].ratio == pytest.approx(20 / 14)  # t1 (14) beats t2 (7)
+    crit = by_name(CFG, results(gen=14.0))
+    assert crit["single stream: shoal at concurrency 1 / transformers generate at batch 1"][0] \
+        == pytest.approx(40 / 14)  # t1 (14) beats t2 (7)
 
 
-def test_failed_run_makes_criteria_unavailable_and_criterion_5_fail() -> None:
-    res = results()
-    res.transformers[32] = run("hf-c32", None, code=1)
-    crit = acceptance(CFG, res)
-    assert crit[0].ratio is None and crit[0].verdict == "n/a"
-    assert crit[4].verdict == "FAIL"
+def test_workloads_seeds_and_shapes() -> None:
+    cfg = SuiteConfig()
+    assert cfg.workloads((1, 32)) == [((64, 128), 1), ((64, 128), 32), ((150, 64), 32),
+                                      ((512, 32), 32)]
+    assert cfg.workloads((1, 16)) == [((64, 128), 1), ((64, 128), 16)]
+    seeds = {cfg.seed_for(s, c) for s, c in cfg.workloads(cfg.concurrencies)}
+    assert len(seeds) == len(cfg.workloads(cfg.concurrencies))  # no two runs share prompts
+    args = random_args(cfg, (512, 32), 32)
+    assert args[args.index("--input-len") + 1] == "512"
+    assert args[args.index("--max-concurrency") + 1] == "32"
+    assert SuiteConfig().num_prompts(1) == 4 and SuiteConfig().num_prompts(64) == 64
 
 
-def test_report_has_tables_commands_and_keeps_the_hand_written_section(tmp_path: Path) -> None:
+def test_report_has_every_table_and_keeps_the_sections_after_where_the_time_goes(
+        tmp_path: Path) -> None:
     md = tmp_path / "benchmarks.md"
-    md.write_text(f"# old\n\n{KEEP_SECTION}\n\nDecode is bound by attention gathers.\n")
+    md.write_text(f"# old\n\n| stale | table |\n\n{KEEP_SECTION}\n\nDecode is bound by gathers.\n"
+                  f"\n## Router: cache_aware vs round_robin\n\n| policy | TTFT |\n")
     machine = {"cpu": "Test CPU", "cores": "2", "memory": "24.0 GiB"}
     write_report(CFG, results(), machine, 600.0, md, tmp_path / "plot.png")
     text = md.read_text()
     assert "| cpu | Test CPU |" in text
-    assert "| 32 | 60.0 | 25.0 | 70.0 | 2.40x | 0.86 |" in text
+    # concurrency, shoal, w8a16, llama F32, Q8_0, transformers, bare forward, ratios
+    assert "| 32 | 300.0 | 400.0 | 180.0 | 250.0 | 100.0 | 330.0 | 1.67 | 1.60 | 3.00 | 0.91 |" \
+        in text
+    assert "| 150 / 64 | 200.0 (100) | 150.0 (100) | 90.0 (100) | 1.33 | 2.22 |" in text
+    assert "| 1024 + 32 | radix cache | 200.0 |" in text
+    assert "| 512 + 64 | --disable-radix-cache | 1000.0 |" in text
+    assert "| llama.cpp Q8_0 | 64 / 128 | 32 | 500.0 |" in text
     assert "**PASS**" in text and "**FAIL**" not in text
-    assert "shoal serve --port 1" in text and "shoal bench shoal-c32" in text
-    assert text.count(KEEP_SECTION) == 1
-    assert text.rstrip().endswith("Decode is bound by attention gathers.")
-    assert "# old" not in text
+    assert "shoal serve --port 1" in text and "shoal bench llama.cpp-F32-64x128-c32" in text
+    assert text.count(KEEP_SECTION) == 1 and "stale" not in text and "# old" not in text
+    assert text.rstrip().endswith("Decode is bound by gathers.\n\n"
+                                  "## Router: cache_aware vs round_robin\n\n| policy | TTFT |")
+
+
+def test_llama_cpp_thread_trials_get_their_table(tmp_path: Path) -> None:
+    res = results()
+    res.llama_threads[(1, 1)] = run("llama-t1-c1", serving(20.0, tpot_ms=48.0))
+    md = tmp_path / "benchmarks.md"
+    write_report(CFG, res, {"cpu": "x"}, 60.0, md, tmp_path / "plot.png")
+    text = md.read_text()
+    assert "### llama.cpp thread counts" in text
+    assert "| 1 | 1 | 20.0 | 48.0 |" in text
 
 
 def test_plot_is_written(tmp_path: Path) -> None:
@@ -93,7 +182,9 @@ def test_quick_and_override_flags() -> None:
     cfg = config_from_args(_parser().parse_args(["--quick"]))
     assert cfg.quick and cfg.concurrencies == QUICK["concurrencies"]
     assert cfg.ratio_concurrency == 32
-    cfg = config_from_args(_parser().parse_args(["--concurrencies", "1,8", "--output-len", "9"]))
+    cfg = config_from_args(_parser().parse_args(
+        ["--concurrencies", "1,8", "--output-len", "9", "--skip-llama-cpp",
+         "--llama-cpp-threads", "1"]))
     assert cfg.concurrencies == (1, 8) and cfg.output_len == 9 and not cfg.quick
+    assert cfg.skip_llama_cpp and cfg.llama_cpp_threads == 1
     assert cfg.ratio_concurrency == 8  # 32 not run: the ratios use the highest concurrency
-    assert SuiteConfig().num_prompts(1) == 4 and SuiteConfig().num_prompts(64) == 64

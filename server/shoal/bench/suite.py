@@ -1,16 +1,22 @@
-"""`make bench`: shoal vs `transformers serve --continuous-batching` vs the bare-forward ceiling.
+"""`make bench`: shoal (float32 and w8a16) vs llama.cpp's `llama-server` (F32 and Q8_0 of the
+same weights) vs `transformers serve --continuous-batching` vs the bare-forward ceiling.
 
 One run on one machine, the same workload for everyone:
     1. transformers `generate` at batch 1 (best of 1 thread and all cores);
     2. `shoal serve`: at each concurrency c, the random dataset between two runs of
-       `shoal bench forward` at batch c (the server up and idle); then the shared-prefix
-       dataset. The ceiling is the mean of the runs just before and just after the serving run
-       it is compared with: what this shared 2-core host gives drifts by 10-30% within minutes;
-    3. `shoal serve --disable-radix-cache`: the shared-prefix dataset;
-    4. `transformers serve --continuous-batching`: the random dataset at each concurrency.
+       `shoal bench forward` at batch c (the server up and idle), the other random shapes at the
+       ratio concurrency, then the shared-prefix dataset at each prefix/suffix shape. The ceiling
+       is the mean of the runs just before and just after the serving run it is compared with:
+       what this shared 2-core host gives drifts by 10-30% within minutes;
+    3. `shoal serve --disable-radix-cache`: the shared-prefix shapes;
+    4. `shoal serve --quantization w8a16`: the main shape at the int8 concurrencies;
+    5. `llama-server` on the F32 GGUF, one server per concurrency (`-np` = concurrency), the same
+       random workloads; then the other thread counts at concurrency 1 and the ratio concurrency;
+    6. `llama-server` on the Q8_0 GGUF at the int8 concurrencies;
+    7. `transformers serve --continuous-batching`: the random workloads.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
-Writes docs/benchmarks.md (the section "Where the time goes" of an existing file is kept) and
-docs/benchmarks_throughput.png; raw JSON goes to --results-dir.
+Writes docs/benchmarks.md (from its section "Where the time goes" to the end, an existing file
+is kept) and docs/benchmarks_throughput.png; raw JSON goes to --results-dir.
 
 `python -m shoal.bench.suite --quick` is a few-minute smoke version of the same run.
 """
@@ -22,100 +28,43 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from shoal import model_store
+from shoal.bench import llama_cpp
+from shoal.bench.acceptance import acceptance
 from shoal.bench.report import machine_info, plot_throughput, write_report
-from shoal.bench.suite_runs import QUICK, Run, SuiteConfig, SuiteResults, display_argv
+from shoal.bench.servers import Server, llama_server, shoal_server, transformers_server
+from shoal.bench.suite_runs import (
+    LLAMA_F32,
+    LLAMA_Q8,
+    QUICK,
+    SHOAL,
+    SHOAL_INT8,
+    TRANSFORMERS,
+    Run,
+    Shape,
+    SuiteConfig,
+    SuiteResults,
+)
 from shoal.engine.threads import torch_threads_per_rank
-from shoal.ports import free_port
-
-STARTUP_TIMEOUT_S = 600.0
-STOP_TIMEOUT_S = 30.0
 
 
-# -- processes ------------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    base_url: str
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Server:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **self.env}, start_new_session=True)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} during "
-                                   f"startup; log: {self.log_path}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"{self.name} not healthy after {STARTUP_TIMEOUT_S:.0f} s; "
-                           f"log: {self.log_path}")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL of the session this server leads (its children included)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def command(self) -> str:
-        env = " ".join(f"{k}={v}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(display_argv(self.argv))
-
-
-def _bin(name: str) -> str:
-    return str(Path(sys.executable).with_name(name))
-
-
-def shoal_server(log_dir: Path, *flags: str) -> Server:
-    port = free_port()
-    tag = "-no-radix" if "--disable-radix-cache" in flags else ""
-    return Server(f"shoal{tag}", [sys.executable, "-m", "shoal", "serve", "--port", str(port),
-                                  *flags], {}, f"http://127.0.0.1:{port}",
-                  log_dir / f"shoal{tag}.log")
-
-
-def transformers_server(model_path: str, threads: int, log_dir: Path) -> Server:
-    port = free_port()
-    argv = [_bin("transformers"), "serve", model_path, "--continuous-batching", "--device", "cpu",
-            "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port)]
-    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
-    return Server("transformers", argv, env, f"http://127.0.0.1:{port}",
-                  log_dir / "transformers.log")
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text).strip("-")
 
 
 def serving_run(label: str, server: Server, results: Path, *args: str) -> Run:
     out = results / f"serving-{label}.json"
     argv = [sys.executable, "-m", "shoal", "bench", "serving", "--base-url", server.base_url,
-            *args, "--output-file", str(out)]
+            *args, "--disable-progress", "--output-file", str(out)]
     return Run(label, argv, out).execute()
 
 
@@ -127,73 +76,151 @@ def forward_run(label: str, cfg: SuiteConfig, batch_size: int, results: Path) ->
                out).execute()
 
 
-def random_args(cfg: SuiteConfig, concurrency: int) -> list[str]:
-    # NOTE: a seed per concurrency: with one seed, each run would resend the previous run's
-    # prompts and a prefix cache would skip their prefill.
+def random_args(cfg: SuiteConfig, shape: Shape, concurrency: int) -> list[str]:
     return ["--dataset", "random", "--num-prompts", str(cfg.num_prompts(concurrency)),
-            "--input-len", str(cfg.input_len), "--output-len", str(cfg.output_len),
-            "--max-concurrency", str(concurrency), "--seed", str(cfg.seed + concurrency)]
+            "--input-len", str(shape[0]), "--output-len", str(shape[1]),
+            "--max-concurrency", str(concurrency), "--seed", str(cfg.seed_for(shape, concurrency))]
 
 
-def shared_prefix_args(cfg: SuiteConfig) -> list[str]:
+def shared_prefix_args(cfg: SuiteConfig, shape: Shape) -> list[str]:
     return ["--dataset", "shared-prefix", "--num-prompts", str(cfg.shared_num_prompts),
-            "--prefix-len", str(cfg.prefix_len), "--suffix-len", str(cfg.suffix_len),
+            "--prefix-len", str(shape[0]), "--suffix-len", str(shape[1]),
             "--output-len", str(cfg.shared_output_len), "--max-concurrency",
             str(cfg.shared_concurrency), "--seed", str(cfg.seed)]
+
+
+def random_label(system: str, shape: Shape, concurrency: int) -> str:
+    return f"{_slug(system)}-{shape[0]}x{shape[1]}-c{concurrency}"
 
 
 # -- the run --------------------------------------------------------------------------------
 
 
-def run_suite(cfg: SuiteConfig, results: Path) -> SuiteResults:
-    model_path = str(model_store.prepare())
-    threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
-    res = SuiteResults()
-    for n in sorted({threads, os.cpu_count() or 1}):
-        out = results / f"generate-t{n}.json"
-        res.generate.append(Run(f"generate-t{n}", [
-            sys.executable, "-m", "shoal.bench.hf_generate", "--input-len", str(cfg.input_len),
-            "--output-len", str(cfg.output_len), "--num-threads", str(n),
-            "--repeats", str(cfg.generate_repeats), "--seed", str(cfg.seed),
-            "--output-file", str(out)], out).execute())
+class Suite:
+    def __init__(self, cfg: SuiteConfig, results: Path, llama_bin: Path | None) -> None:
+        self.cfg = cfg
+        self.results = results
+        self.llama_bin = llama_bin
+        self.res = SuiteResults()
+        self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
 
-    def serve(server: Server, body: Callable[[Server], None]) -> None:
-        res.servers[server.name] = server.command()
+    def serve(self, server: Server, body: Callable[[Server], None]) -> None:
+        self.res.servers[server.name] = server.command()
         try:
             server.start()
             body(server)
         except (RuntimeError, OSError, httpx.HTTPError) as exc:
-            res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
+            self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
             print(f"[suite] {exc}", file=sys.stderr)
         finally:
             server.stop()
 
-    def shoal_body(server: Server) -> None:
+    def random(self, system: str, server: Server, shape: Shape, concurrency: int) -> None:
+        self.res.serving[(system, shape, concurrency)] = serving_run(
+            random_label(system, shape, concurrency), server, self.results,
+            *random_args(self.cfg, shape, concurrency))
+
+    def randoms(self, system: str, work: list[tuple[Shape, int]]) -> Callable[[Server], None]:
+        def body(server: Server) -> None:
+            for shape, c in work:
+                self.random(system, server, shape, c)
+        return body
+
+    def run(self) -> SuiteResults:
+        cfg, results = self.cfg, self.results
+        self.generate()
+        self.serve(shoal_server(results, SHOAL), self.shoal_body)
+        self.serve(shoal_server(results, f"{SHOAL} --disable-radix-cache",
+                                "--disable-radix-cache"), self.no_radix_body)
+        self.serve(shoal_server(results, SHOAL_INT8, "--quantization", "w8a16"),
+                   self.randoms(SHOAL_INT8, [(cfg.shape, c) for c in cfg.int8_concurrencies]))
+        if not cfg.skip_llama_cpp:
+            self.llama_cpp()
+        if not cfg.skip_transformers:
+            model_path = str(model_store.prepare())
+            threads = cfg.transformers_threads or self.threads
+            self.serve(transformers_server(TRANSFORMERS, model_path, threads, results),
+                       self.randoms(TRANSFORMERS, cfg.workloads(cfg.concurrencies)))
+        return self.res
+
+    def generate(self) -> None:
+        cfg = self.cfg
+        for n in sorted({self.threads, os.cpu_count() or 1}):
+            out = self.results / f"generate-t{n}.json"
+            self.res.generate.append(Run(f"generate-t{n}", [
+                sys.executable, "-m", "shoal.bench.hf_generate", "--input-len",
+                str(cfg.input_len), "--output-len", str(cfg.output_len), "--num-threads", str(n),
+                "--repeats", str(cfg.generate_repeats), "--seed", str(cfg.seed),
+                "--output-file", str(out)], out).execute())
+
+    def shoal_body(self, server: Server) -> None:
+        cfg, res = self.cfg, self.res
+        for shape, c in cfg.workloads(cfg.concurrencies):
+            if shape != cfg.shape:
+                self.random(SHOAL, server, shape, c)
+                continue
+            res.forward[c] = [forward_run(f"forward-b{c}-before", cfg, c, self.results)]
+            self.random(SHOAL, server, shape, c)
+            res.forward[c].append(forward_run(f"forward-b{c}-after", cfg, c, self.results))
+        for shape in cfg.shared_shapes:
+            self.shared_prefix(server, shape, radix=True)
+
+    def no_radix_body(self, server: Server) -> None:
+        for shape in self.cfg.shared_shapes:
+            self.shared_prefix(server, shape, radix=False)
+
+    def shared_prefix(self, server: Server, shape: Shape, radix: bool) -> None:
+        if radix:
+            flushed = httpx.post(server.base_url + "/flush_cache", timeout=60)
+            if flushed.status_code != 200:
+                self.res.errors.append(f"/flush_cache answered {flushed.status_code}: "
+                                       f"{flushed.text}")
+        label = f"shoal-shared-prefix-{shape[0]}+{shape[1]}{'' if radix else '-no-radix'}"
+        self.res.shared[(radix, shape)] = serving_run(label, server, self.results,
+                                                      *shared_prefix_args(self.cfg, shape))
+
+    def llama_cpp(self) -> None:
+        cfg = self.cfg
+        if self.llama_bin is None:
+            self.res.errors.append("llama.cpp: no --llama-cpp-bin (run tools/llama-cpp/build.sh)")
+            return
+        cache = llama_cpp.tools_dir() / "gguf"
+        try:
+            source = llama_cpp.source_gguf()
+            f32, q8 = (llama_cpp.converted_gguf(self.llama_bin, t, source, cache)
+                       for t in ("F32", "Q8_0"))
+        except (OSError, subprocess.CalledProcessError, model_store.ModelNotAvailable) as exc:
+            self.res.errors.append(f"llama.cpp GGUF conversion: {exc}")
+            return
+        threads = cfg.llama_cpp_threads or os.cpu_count() or 1
         for c in cfg.concurrencies:
-            res.forward[c] = [forward_run(f"forward-b{c}-before", cfg, c, results)]
-            res.shoal[c] = serving_run(f"shoal-c{c}", server, results, *random_args(cfg, c))
-            res.forward[c].append(forward_run(f"forward-b{c}-after", cfg, c, results))
-        flushed = httpx.post(server.base_url + "/flush_cache", timeout=60)
-        if flushed.status_code != 200:
-            res.errors.append(f"/flush_cache answered {flushed.status_code}: {flushed.text}")
-        res.radix = serving_run("shoal-shared-prefix", server, results,
-                                *shared_prefix_args(cfg))
+            work = [w for w in cfg.workloads(cfg.concurrencies) if w[1] == c]
+            self.llama_serve(LLAMA_F32, f32, c, threads, work)
+        for t in cfg.llama_cpp_thread_trials:
+            if t == threads:
+                continue
+            for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
+                self.llama_serve(LLAMA_F32, f32, c, t, [(cfg.shape, c)])
+        for c in cfg.int8_concurrencies:
+            self.llama_serve(LLAMA_Q8, q8, c, threads, [(cfg.shape, c)])
 
-    def no_radix_body(server: Server) -> None:
-        res.no_radix = serving_run("shoal-shared-prefix-no-radix", server, results,
-                                   *shared_prefix_args(cfg))
+    def llama_serve(self, system: str, gguf: Path, concurrency: int, threads: int,
+                    work: list[tuple[Shape, int]]) -> None:
+        assert self.llama_bin is not None
+        cfg = self.cfg
+        main_threads = threads == (cfg.llama_cpp_threads or os.cpu_count() or 1)
+        name = f"{system} -np {concurrency} -t {threads}"
+        max_tokens = max(i + o for (i, o), _ in work)
 
-    def transformers_body(server: Server) -> None:
-        for c in cfg.concurrencies:
-            res.transformers[c] = serving_run(f"transformers-c{c}", server, results,
-                                              *random_args(cfg, c))
+        def trial(server: Server) -> None:
+            for shape, c in work:
+                self.res.llama_threads[(threads, c)] = serving_run(
+                    f"{random_label(system, shape, c)}-t{threads}", server, self.results,
+                    *random_args(cfg, shape, c))
 
-    serve(shoal_server(results), shoal_body)
-    serve(shoal_server(results, "--disable-radix-cache"), no_radix_body)
-    if not cfg.skip_transformers:
-        serve(transformers_server(model_path, cfg.transformers_threads or threads, results),
-              transformers_body)
-    return res
+        self.serve(llama_server(name, self.llama_bin, gguf, concurrency, threads, max_tokens,
+                                self.results),
+                   self.randoms(system, work) if main_threads else trial)
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -210,11 +237,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--waves", type=int, default=None,
                         help="num-prompts = max(min, waves x concurrency)")
     parser.add_argument("--shared-num-prompts", type=int, default=None)
-    parser.add_argument("--prefix-len", type=int, default=None)
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--transformers-threads", type=int, default=None,
                         help="OMP_NUM_THREADS of transformers serve (default: as many torch "
                              "threads as shoal's scheduler gets)")
+    parser.add_argument("--llama-cpp-bin", default=None,
+                        help="folder with llama-server and llama-quantize (what "
+                             "tools/llama-cpp/build.sh prints)")
+    parser.add_argument("--skip-llama-cpp", action="store_true")
+    parser.add_argument("--llama-cpp-threads", type=int, default=None,
+                        help="llama-server -t (default: one per core)")
     parser.add_argument("--docs-dir", default=None,
                         help="where benchmarks.md and the plot go (default: docs/, or the "
                              "results folder with --quick)")
@@ -228,12 +260,13 @@ def config_from_args(ns: argparse.Namespace) -> SuiteConfig:
     overrides: dict[str, Any] = {}
     if ns.concurrencies:
         overrides["concurrencies"] = tuple(int(c) for c in ns.concurrencies.split(","))
-    for name in ("input_len", "output_len", "waves", "shared_num_prompts", "prefix_len",
-                 "transformers_threads"):
+    for name in ("input_len", "output_len", "waves", "shared_num_prompts",
+                 "transformers_threads", "llama_cpp_threads"):
         if getattr(ns, name) is not None:
             overrides[name] = getattr(ns, name)
-    if ns.skip_transformers:
-        overrides["skip_transformers"] = True
+    for name in ("skip_transformers", "skip_llama_cpp"):
+        if getattr(ns, name):
+            overrides[name] = True
     cfg = dataclasses.replace(cfg, **overrides)
     if cfg.ratio_concurrency not in cfg.concurrencies:
         cfg = dataclasses.replace(cfg, ratio_concurrency=max(cfg.concurrencies))
@@ -249,17 +282,22 @@ def main(argv: list[str] | None = None) -> int:
     docs.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     start = time.monotonic()
-    res = run_suite(cfg, results)
+    load_before = os.getloadavg()
+    llama_bin = Path(ns.llama_cpp_bin) if ns.llama_cpp_bin else None
+    res = Suite(cfg, results, llama_bin).run()
     wall_s = time.monotonic() - start
+    machine["load average (1/5/15 min) before / after"] = (
+        f"{' '.join(f'{x:.2f}' for x in load_before)} / "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     (results / "suite.json").write_text(json.dumps(
         {"config": dataclasses.asdict(cfg), "machine": machine, "wall_s": wall_s,
          "servers": res.servers, "errors": res.errors}, indent=2) + "\n")
-    criteria = write_report(cfg, res, machine, wall_s, docs / "benchmarks.md",
-                            docs / "benchmarks_throughput.png")
+    write_report(cfg, res, machine, wall_s, docs / "benchmarks.md",
+                 docs / "benchmarks_throughput.png")
     plot_throughput(cfg, res, docs / "benchmarks_throughput.png")
     print(f"[suite] done in {wall_s / 60:.1f} min; wrote {docs / 'benchmarks.md'} and "
           f"{docs / 'benchmarks_throughput.png'}; raw results in {results}", file=sys.stderr)
-    for crit in criteria:
+    for crit in acceptance(cfg, res):
         print(f"[suite] {crit.verdict:4} {crit.name}: {crit.measured}", file=sys.stderr)
     failed = res.errors or any(not r.ok for r in res.all_runs())
     return 1 if failed else 0

@@ -1,5 +1,5 @@
 """What a `make bench` run is made of: its configuration, each subprocess benchmark (`Run`) and
-the collected results; `suite.py` produces them, `report.py` reads them."""
+the collected results; `suite.py` produces them, `acceptance.py` and `report.py` read them."""
 
 from __future__ import annotations
 
@@ -13,44 +13,81 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+Shape = tuple[int, int]  # (prompt tokens, output tokens) of the random dataset
+
+# the servers measured, as the tables name them
+SHOAL = "shoal"
+SHOAL_INT8 = "shoal w8a16"
+TRANSFORMERS = "transformers serve CB"
+LLAMA_F32 = "llama.cpp F32"
+LLAMA_Q8 = "llama.cpp Q8_0"
+SYSTEMS = (SHOAL, SHOAL_INT8, LLAMA_F32, LLAMA_Q8, TRANSFORMERS)
+
 
 @dataclass(frozen=True)
 class SuiteConfig:
-    """The full run is sized for 25-30 minutes on 2 cores (measured on a busy machine: shoal at
-    concurrency 64 ~95 s, transformers serve ~235 s; the shared prefix without the radix cache
-    prefills 128 x 1056 tokens, ~9 min). Output >> input keeps the random workload decode-bound,
-    which is what the bare-forward ceiling measures."""
+    """The full run is sized for 35-45 minutes on 2 quiet cores (measured on a busy machine:
+    shoal at concurrency 64 ~95 s, transformers serve ~235 s; the shared prefix without the radix
+    cache prefills 64 x 1056 tokens, ~3 min). Output >> input keeps the main random workload
+    decode-bound, which is what the bare-forward ceiling measures; `extra_shapes` are measured at
+    `ratio_concurrency` only."""
 
     concurrencies: tuple[int, ...] = (1, 4, 16, 32, 64)
     input_len: int = 64
     output_len: int = 128
+    extra_shapes: tuple[Shape, ...] = ((150, 64), (512, 32))
+    int8_concurrencies: tuple[int, ...] = (1, 16, 32)
     min_prompts: int = 4           # num_prompts at concurrency c = max(min_prompts, c * waves)
     waves: int = 1
-    prefix_len: int = 1024
-    suffix_len: int = 32
-    shared_num_prompts: int = 128
+    shared_shapes: tuple[Shape, ...] = ((1024, 32), (512, 64))  # (prefix, suffix) tokens
+    shared_num_prompts: int = 64
     shared_output_len: int = 16
     shared_concurrency: int = 16
     forward_steps: int = 16
     generate_repeats: int = 2
-    ratio_concurrency: int = 32    # acceptance 1 and 2 are read at this concurrency
+    ratio_concurrency: int = 32    # the shape comparisons and the ceiling are read here
     seed: int = 0
     skip_transformers: bool = False
     transformers_threads: int | None = None  # None: shoal's policy (cores - 1 on one rank)
+    skip_llama_cpp: bool = False
+    llama_cpp_threads: int | None = None  # None: one per core, as llama.cpp's docs advise
+    llama_cpp_thread_trials: tuple[int, ...] = (1,)  # other -t values, at concurrency 1 and 32
     quick: bool = False
+
+    @property
+    def shape(self) -> Shape:
+        return (self.input_len, self.output_len)
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return (self.shape, *(s for s in self.extra_shapes if s != self.shape))
 
     def num_prompts(self, concurrency: int) -> int:
         return max(self.min_prompts, concurrency * self.waves)
 
+    def workloads(self, concurrencies: tuple[int, ...]) -> list[tuple[Shape, int]]:
+        """(shape, concurrency) pairs a server runs: the main shape at each of `concurrencies`,
+        the extra shapes at `ratio_concurrency` when it is one of them."""
+        runs = [(self.shape, c) for c in concurrencies]
+        if self.ratio_concurrency in concurrencies:
+            runs += [(s, self.ratio_concurrency) for s in self.shapes[1:]]
+        return runs
+
+    def seed_for(self, shape: Shape, concurrency: int) -> int:
+        """A seed per workload: with one seed a run would resend the start of another run's
+        prompts, and a prefix cache would skip their prefill."""
+        return self.seed + concurrency + (0 if shape == self.shape else 1000 * shape[0])
+
     @property
     def forward_context_len(self) -> int:
-        """The mean KV context of a random-dataset request while it decodes."""
+        """The mean KV context of a main-shape request while it decodes."""
         return self.input_len + self.output_len // 2
 
 
 QUICK: dict[str, Any] = {
-    "concurrencies": (1, 4, 32), "input_len": 32, "output_len": 16, "min_prompts": 2,
-    "prefix_len": 256, "suffix_len": 16, "shared_num_prompts": 32, "shared_output_len": 4,
+    "concurrencies": (1, 4, 32), "input_len": 32, "output_len": 16,
+    "extra_shapes": ((48, 8), (128, 4)), "int8_concurrencies": (1, 4), "min_prompts": 2,
+    "shared_shapes": ((256, 16), (128, 32)), "shared_num_prompts": 16, "shared_output_len": 4,
     "shared_concurrency": 4, "forward_steps": 4, "generate_repeats": 1, "quick": True}
 
 
@@ -89,23 +126,36 @@ class Run:
     def ok(self) -> bool:
         return self.returncode == 0 and self.data is not None
 
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The `result` object of a clean `shoal bench serving|forward` run."""
+        return self.data["result"] if self.ok and self.data else None
+
     def command(self) -> str:
         return shlex.join(display_argv(self.argv))
 
 
 @dataclass
 class SuiteResults:
+    # (system, shape, concurrency) -> serving run of the random dataset
+    serving: dict[tuple[str, Shape, int], Run] = dataclasses.field(default_factory=dict)
+    # llama.cpp F32 at other thread counts: (threads, concurrency) -> serving run, main shape
+    llama_threads: dict[tuple[int, int], Run] = dataclasses.field(default_factory=dict)
     forward: dict[int, list[Run]] = dataclasses.field(default_factory=dict)  # before, after
     generate: list[Run] = dataclasses.field(default_factory=list)
-    shoal: dict[int, Run] = dataclasses.field(default_factory=dict)
-    transformers: dict[int, Run] = dataclasses.field(default_factory=dict)
-    radix: Run | None = None
-    no_radix: Run | None = None
+    # (radix on?, (prefix, suffix)) -> serving run of the shared-prefix dataset
+    shared: dict[tuple[bool, Shape], Run] = dataclasses.field(default_factory=dict)
     servers: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> command
     errors: list[str] = dataclasses.field(default_factory=list)
 
+    def get(self, system: str, concurrency: int, shape: Shape) -> Run | None:
+        return self.serving.get((system, shape, concurrency))
+
     def all_runs(self) -> list[Run]:
         forward = [r for pair in self.forward.values() for r in pair]
-        runs = [*forward, *self.generate, *self.shoal.values(), self.radix,
-                self.no_radix, *self.transformers.values()]
-        return sorted((r for r in runs if r is not None), key=lambda r: r.started)
+        runs = [*forward, *self.generate, *self.serving.values(), *self.llama_threads.values(),
+                *self.shared.values()]
+        return sorted(runs, key=lambda r: r.started)
+
+    def serving_runs(self) -> list[Run]:
+        return [*self.serving.values(), *self.llama_threads.values(), *self.shared.values()]

@@ -1,0 +1,128 @@
+"""The acceptance ratios of a `make bench` run (issue 12's, and the earlier ones the suite keeps
+checking), as pure functions of the collected results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.bench.suite_runs import (
+    LLAMA_F32,
+    LLAMA_Q8,
+    SHOAL,
+    SHOAL_INT8,
+    TRANSFORMERS,
+    Run,
+    SuiteConfig,
+    SuiteResults,
+)
+
+VS_LLAMA_SINGLE = 1.0          # shoal / llama.cpp F32 at concurrency 1
+VS_LLAMA_MANY = 1.5            # ... at concurrency 16, 32, 64
+LLAMA_MANY = (16, 32, 64)
+INT8_VS_FLOAT_SINGLE = 1.8     # shoal w8a16 / shoal float32 at concurrency 1
+INT8_VS_Q8 = 1.0               # shoal w8a16 / llama.cpp Q8_0 at the int8 concurrencies
+VS_TRANSFORMERS = 2.0          # at the ratio concurrency, every shape
+VS_CEILING = 0.8
+SINGLE_STREAM = 1.3            # shoal at concurrency 1 / transformers generate at batch 1
+RADIX_TTFT = 4.0
+
+
+def out_tps(run: Run | None) -> float | None:
+    r = None if run is None else run.result
+    return None if r is None else float(r["output_throughput"])
+
+
+def ttft_ms(run: Run | None) -> float | None:
+    r = None if run is None else run.result
+    return None if r is None else float(r["ttft_ms"]["mean"])
+
+
+def fwd_tps(runs: list[Run] | None) -> float | None:
+    """The ceiling: mean tokens/s of the bare-forward runs around a serving run."""
+    values = [float(r["tokens_per_s"]) for r in (run.result for run in runs or [])
+              if r is not None]
+    return sum(values) / len(values) if values else None
+
+
+def best_generate(res: SuiteResults) -> dict[str, Any] | None:
+    done = [r.data for r in res.generate if r.ok and r.data]
+    return max(done, key=lambda d: d["tokens_per_s"]) if done else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Criterion:
+    name: str
+    measured: str
+    ratio: float | None
+    target: float
+
+    @property
+    def verdict(self) -> str:
+        if self.ratio is None:
+            return "n/a"
+        return "PASS" if self.ratio >= self.target else "FAIL"
+
+
+def _throughput(name: str, a: Run | None, b: Run | None, target: float) -> Criterion:
+    x, y = out_tps(a), out_tps(b)
+    return Criterion(name, f"{fmt(x)} / {fmt(y)} tok/s", ratio(x, y), target)
+
+
+def acceptance(cfg: SuiteConfig, res: SuiteResults) -> list[Criterion]:
+    """Criteria whose runs the configuration has; n/a where a run failed."""
+    c, shape = cfg.ratio_concurrency, cfg.shape
+    crit: list[Criterion] = []
+    if not cfg.skip_llama_cpp:
+        for n in sorted({1, *LLAMA_MANY} & set(cfg.concurrencies)):
+            crit.append(_throughput(
+                f"1. same weights, concurrency {n}: shoal float32 / llama.cpp F32 output tok/s",
+                res.get(SHOAL, n, shape), res.get(LLAMA_F32, n, shape),
+                VS_LLAMA_SINGLE if n == 1 else VS_LLAMA_MANY))
+        ours, theirs = ttft_ms(res.get(SHOAL, c, shape)), ttft_ms(res.get(LLAMA_F32, c, shape))
+        crit.append(Criterion(f"1. TTFT at concurrency {c}: llama.cpp F32 / shoal float32 "
+                              f"(mean)", f"{fmt(theirs, 0)} / {fmt(ours, 0)} ms",
+                              ratio(theirs, ours), 1.0))
+    if 1 in cfg.int8_concurrencies:
+        crit.append(_throughput("2. concurrency 1: shoal w8a16 / shoal float32",
+                                res.get(SHOAL_INT8, 1, shape), res.get(SHOAL, 1, shape),
+                                INT8_VS_FLOAT_SINGLE))
+    if not cfg.skip_llama_cpp:
+        for n in cfg.int8_concurrencies:
+            crit.append(_throughput(f"2. concurrency {n}: shoal w8a16 / llama.cpp Q8_0",
+                                    res.get(SHOAL_INT8, n, shape), res.get(LLAMA_Q8, n, shape),
+                                    INT8_VS_Q8))
+    if not cfg.skip_transformers:
+        for s in cfg.shapes:
+            crit.append(_throughput(
+                f"4. {s[0]} in / {s[1]} out, concurrency {c}: shoal / transformers serve CB",
+                res.get(SHOAL, c, s), res.get(TRANSFORMERS, c, s), VS_TRANSFORMERS))
+    shoal_c, fwd_c = out_tps(res.get(SHOAL, c, shape)), fwd_tps(res.forward.get(c))
+    crit.append(Criterion(f"4. shoal at concurrency {c} / bare forward at batch {c}",
+                          f"{fmt(shoal_c)} / {fmt(fwd_c)} tok/s", ratio(shoal_c, fwd_c),
+                          VS_CEILING))
+    for s in cfg.shared_shapes:
+        on, off = ttft_ms(res.shared.get((True, s))), ttft_ms(res.shared.get((False, s)))
+        crit.append(Criterion(f"4. shared prefix {s[0]} + suffix {s[1]}: mean TTFT without / "
+                              f"with the radix cache", f"{fmt(off, 0)} / {fmt(on, 0)} ms",
+                              ratio(off, on), RADIX_TTFT))
+    single, gen = out_tps(res.get(SHOAL, 1, shape)), best_generate(res)
+    gen_tps = None if gen is None else float(gen["tokens_per_s"])
+    if 1 in cfg.concurrencies:
+        crit.append(Criterion("single stream: shoal at concurrency 1 / transformers generate "
+                              "at batch 1", f"{fmt(single, 2)} / {fmt(gen_tps, 2)} tok/s",
+                              ratio(single, gen_tps), SINGLE_STREAM))
+    serving = res.serving_runs()
+    clean = sum(r.ok for r in serving)
+    crit.append(Criterion("`shoal bench serving` ran unmodified against every server, no "
+                          "failed request", f"{clean} of {len(serving)} runs clean",
+                          float(bool(serving) and clean == len(serving)), 1.0))
+    return crit
