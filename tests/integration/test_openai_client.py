@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 from transformers import PreTrainedTokenizerBase
 
 MESSAGES = [{"role": "user", "content": "Write a short poem about the sea."}]
@@ -117,3 +117,33 @@ def test_completions_streaming_and_usage(openai_client: OpenAI, model_name: str,
 
 def test_model_listing(openai_client: OpenAI, model_name: str) -> None:
     assert openai_client.models.retrieve(model_name).id == model_name
+
+
+def test_model_length_from_the_config(openai_client: OpenAI, model_name: str,
+                                      model_path: str) -> None:
+    from shoal.models import ModelConfig
+
+    (card,) = openai_client.models.list().data
+    assert card.model_extra["max_model_len"] == \
+        ModelConfig.from_pretrained(model_path).max_position_embeddings
+
+
+def test_responses_create_and_stream(openai_client: OpenAI, model_name: str) -> None:
+    kwargs = {"model": model_name, "input": "Say hello.", "instructions": "Be brief.",
+              "max_output_tokens": 10, "temperature": 0}
+    r = openai_client.responses.create(**kwargs)
+    assert r.status in ("completed", "incomplete") and r.output_text
+    assert r.usage.output_tokens <= 10
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    events = list(openai_client.responses.create(stream=True, **kwargs))
+    assert events[0].type == "response.created"
+    assert events[-1].type == f"response.{r.status}"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text == r.output_text
+
+
+def test_responses_bad_request(openai_client: OpenAI, model_name: str) -> None:
+    with pytest.raises(BadRequestError) as info:
+        openai_client.responses.create(model=model_name, input="hi", max_output_tokens=0)
+    assert info.value.body["param"] == "max_output_tokens"
+    assert info.value.body["type"] == "invalid_request_error"

@@ -67,8 +67,8 @@ def kill_tree(pid: int) -> None:
 
 
 def start_server(tmp_dir: Path, *flags: str, env: dict[str, str] | None = None,
-                 wait: bool = True) -> RunningServer:
-    port = free_port()
+                 wait: bool = True, port: int | None = None) -> RunningServer:
+    port = port or free_port()
     log_path = tmp_dir / f"server-{port}.log"
     with open(log_path, "wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(

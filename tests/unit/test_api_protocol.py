@@ -80,11 +80,13 @@ def test_chat_request_rejects(field, value):
 
 
 def test_completion_prompt_forms():
-    assert CompletionRequest.model_validate({"prompt": "a"}).prompt == "a"
-    assert CompletionRequest.model_validate({"prompt": [1, 2]}).prompt == [1, 2]
-    assert CompletionRequest.model_validate({"prompt": ["a"]}).prompt == "a"
-    assert CompletionRequest.model_validate({"prompt": [[3, 4]]}).prompt == [3, 4]
-    for bad in [["a", "b"], 5, None, [1.5]]:
+    def prompts(prompt):
+        return CompletionRequest.model_validate({"prompt": prompt}).prompts
+
+    assert prompts("a") == ["a"] and prompts([1, 2]) == [[1, 2]] and prompts([]) == [[]]
+    assert prompts(["a"]) == ["a"] and prompts(["a", "b"]) == ["a", "b"]
+    assert prompts([[3, 4]]) == [[3, 4]] and prompts([[3], [4, 5]]) == [[3], [4, 5]]
+    for bad in [5, None, [1.5], ["a", 1], [[1], "a"], ["a"] * 257]:
         with pytest.raises(ValidationError):
             CompletionRequest.model_validate({"prompt": bad})
     with pytest.raises(ValidationError):

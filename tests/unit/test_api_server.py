@@ -8,54 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import zmq
 
-from shoal.api.http_server import create_app
-from shoal.api.tokenizer_manager import TokenizerManager
-from shoal.config import ComponentArgs, ServerArgs
+from shoal.api.process import with_context_length
+from shoal.config import ServerArgs
 from shoal.ipc import sockets
 from shoal.ipc.messages import AbortReq, BatchStrOut, ReqStrOut
-from tests.support.fake_engine import (
-    ABORT_SEED,
-    EOS_ID,
-    WORD_IDS,
-    WORDS,
-    FakeEngine,
-    ServerThread,
-    fake_logprob,
-)
+from shoal.lifecycle import StartupFailed
+from tests.support.fake_api import CONTEXT, MODEL, fake_api, start_fake_api
+from tests.support.fake_engine import ABORT_SEED, EOS_ID, WORD_IDS, WORDS, fake_logprob
 from tests.support.wait import wait_until
 
-MODEL = "smol-test"
-CONTEXT = 4096
 API_KEY = "sk-test-123"
 FULL_TEXT = "".join(WORDS)
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 
-def start_server(tokenizer, api_key=None, send_ready=True):
-    run_dir = tempfile.mkdtemp(prefix="shoal-api-")
-    args = ServerArgs(served_model_name=MODEL, api_key=api_key)
-    tm = TokenizerManager(args, ComponentArgs(run_dir=run_dir), tokenizer, disconnect_poll_s=0.05)
-    engine = FakeEngine(run_dir, context_length=CONTEXT, send_ready=send_ready).start()
-    server = ServerThread(create_app(args, tm)).start()
-    if send_ready:
-        wait_until(lambda: tm.is_ready, timeout=5, what="the api sees the components ready",
-                   interval=0.01)
-    return server, engine, tm
-
-
 @pytest.fixture(scope="module")
 def served(tokenizer):
-    server, engine, tm = start_server(tokenizer)
-    yield server, engine, tm
-    server.stop()
-    engine.stop()
+    with fake_api(tokenizer) as api:
+        yield api.server, api.engine, api.tm
 
 
 @pytest.fixture
@@ -249,6 +226,65 @@ def test_n_choices_warm_up_a_long_prompt(client, engine):
     assert warm.input_ids == prompt and warm.sampling.max_new_tokens == 1
 
 
+# ---- batched prompts -----------------------------------------------------------------------------
+
+BATCH = ["Once upon a time", "The sky is", "Hi"]
+
+
+@pytest.mark.parametrize("as_ids", [False, True])
+def test_completion_batch(client, engine, tokenizer, as_ids):
+    ids = [tokenizer.encode(p) for p in BATCH]
+    resp = client.completions.create(model=MODEL, prompt=ids if as_ids else BATCH, n=2, seed=5,
+                                     temperature=0.5, max_tokens=3)
+    assert [c.index for c in resp.choices] == list(range(6))
+    assert all(c.text == "".join(WORDS[:3]) for c in resp.choices)
+    assert resp.usage.prompt_tokens == sum(len(i) for i in ids)
+    assert resp.usage.completion_tokens == 6 * 3
+    assert resp.usage.prompt_tokens_details.cached_tokens == sum(len(i) // 2 for i in ids)
+    rid, reqs = resp.id.removeprefix("cmpl-"), engine.generate_reqs()
+    sent = [reqs[f"{rid}-{i}"] for i in range(6)]
+    assert [r.input_ids for r in sent] == [ids[i // 2] for i in range(6)]
+    assert [r.sampling.seed for r in sent] == [5, 6] * 3
+
+
+def test_completion_batch_echo_and_logprobs(client, tokenizer):
+    resp = client.completions.create(model=MODEL, prompt=BATCH, max_tokens=2, echo=True,
+                                     logprobs=0)
+    for prompt, choice in zip(BATCH, resp.choices):
+        assert choice.text == prompt + "".join(WORDS[:2])
+        assert choice.logprobs.tokens == token_texts(tokenizer, tokenizer.encode(prompt)
+                                                     + WORD_IDS[:2])
+        first_word = token_texts(tokenizer, WORD_IDS[:1])[0]
+        assert choice.logprobs.text_offset[-1] == len(prompt) + len(first_word)
+
+
+def test_completion_batch_stream(client, tokenizer):
+    chunks = list(client.completions.create(model=MODEL, prompt=BATCH, n=2, max_tokens=3,
+                                            stream=True, echo=True,
+                                            stream_options={"include_usage": True}))
+    texts, finishes = {i: "" for i in range(6)}, {i: [] for i in range(6)}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.text
+        if choice.finish_reason:
+            finishes[choice.index].append(choice.finish_reason)
+    assert texts == {i: BATCH[i // 2] + "".join(WORDS[:3]) for i in range(6)}
+    assert finishes == {i: ["length"] for i in range(6)}
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens == 18
+    assert usage.prompt_tokens == sum(len(tokenizer.encode(p)) for p in BATCH)
+
+
+def test_batch_stream_disconnect_aborts_every_prompt(url, engine):
+    body = {"prompt": BATCH, "n": 2, "stream": True, "max_tokens": LONG, "ignore_eos": True}
+    with httpx.stream("POST", f"{url}{COMPLETIONS}", json=body, timeout=10) as response:
+        first = json.loads(next(response.iter_lines()).removeprefix("data: "))
+    rid = first["id"].removeprefix("cmpl-")
+    rids = {f"{rid}-{i}" for i in range(6)}
+    wait_until(lambda: rids <= engine.aborted_rids(), timeout=5,
+               what="an AbortReq for every choice of the batch", interval=0.02)
+
+
 def token_texts(tokenizer, ids):
     """Logprobs name each token by its text decoded alone (the fake engine's ids are real ids)."""
     return [tokenizer.decode([i]) for i in ids]
@@ -432,7 +468,12 @@ BAD_REQUESTS = {
     "unknown model": (CHAT, {"messages": MESSAGES, "model": "gpt-4o"}, 404),
     "missing prompt": (COMPLETIONS, {"max_tokens": 3}, 400),
     "empty prompt": (COMPLETIONS, {"prompt": ""}, 400),
-    "two prompts": (COMPLETIONS, {"prompt": ["a", "b"]}, 400),
+    "empty prompt in a batch": (COMPLETIONS, {"prompt": ["a", ""]}, 400),
+    "too many prompts": (COMPLETIONS, {"prompt": ["a"] * 257}, 400),
+    "stream_options without stream": (CHAT, {"messages": MESSAGES,
+                                             "stream_options": {"include_usage": True}}, 400),
+    "unknown field": (CHAT, {"messages": MESSAGES, "frobnicate": 1}, 400),
+    "refused extension": (COMPLETIONS, {"prompt": "x", "guided_json": {"type": "object"}}, 400),
     "token id out of vocabulary": (COMPLETIONS, {"prompt": [1, 10**9]}, 400),
     "negative token id": (COMPLETIONS, {"prompt": [-1]}, 400),
     "stop not str or list": (CHAT, {"messages": MESSAGES, "stop": 5}, 400),
@@ -444,6 +485,14 @@ BAD_REQUESTS = {
     "generate without input": ("/generate", {"sampling_params": {}}, 400),
     "generate bad sampling": ("/generate", {"text": "a",
                                             "sampling_params": {"max_new_tokens": "x"}}, 400),
+    "generate refused sampling field": ("/generate", {"text": "a",
+                                                      "sampling_params": {"n": 2}}, 400),
+    "responses without input": ("/v1/responses", {"model": MODEL}, 400),
+    "responses previous_response_id": ("/v1/responses", {"input": "hi",
+                                                         "previous_response_id": "resp_1"}, 400),
+    "responses image input": ("/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "http://x"}]}]}, 400),
+    "responses unknown model": ("/v1/responses", {"input": "hi", "model": "gpt-4o"}, 404),
     "unknown route": ("/v1/nope", {}, 404),
 }
 
@@ -556,10 +605,9 @@ def test_abort_request_route(url, engine, served):
 
 @pytest.fixture(scope="module")
 def keyed(tokenizer):
-    server, engine, _ = start_server(tokenizer, api_key=API_KEY)
-    yield server.url
-    server.stop()
-    engine.stop()
+    api = start_fake_api(tokenizer, api_key=API_KEY)
+    yield api.url
+    api.stop()
 
 
 def test_api_key(keyed):
@@ -580,13 +628,22 @@ def test_api_key(keyed):
 
 
 def test_not_ready_is_503(tokenizer):
-    server, engine, _ = start_server(tokenizer, send_ready=False)
+    api = start_fake_api(tokenizer, send_ready=False, context_length=1000)
     try:
-        assert_openai_error(httpx.get(f"{server.url}/health"), 503)
-        assert_openai_error(httpx.get(f"{server.url}/health_generate"), 503)
-        response = httpx.post(f"{server.url}{CHAT}", json={"messages": MESSAGES})
+        assert_openai_error(httpx.get(f"{api.url}/health"), 503)
+        assert_openai_error(httpx.get(f"{api.url}/health_generate"), 503)
+        response = httpx.post(f"{api.url}{CHAT}", json={"messages": MESSAGES})
         assert "not ready" in assert_openai_error(response, 503)["message"]
-        assert httpx.get(f"{server.url}/v1/models").status_code == 200
+        models = httpx.get(f"{api.url}/v1/models")
+        assert models.status_code == 200 and models.json()["data"][0]["max_model_len"] == 1000
     finally:
-        server.stop()
-        engine.stop()
+        api.stop()
+
+
+def test_api_resolves_the_context_length_before_the_scheduler(model_path):
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    assert with_context_length(ServerArgs(), model_path).context_length == \
+        config["max_position_embeddings"]
+    assert with_context_length(ServerArgs(context_length=512), model_path).context_length == 512
+    with pytest.raises(StartupFailed):
+        with_context_length(ServerArgs(), "/nonexistent-model")

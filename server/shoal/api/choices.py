@@ -1,9 +1,11 @@
-"""OpenAI `n`: one request with n choices is n scheduler requests with the same prompt.
+"""OpenAI choices: a request with P prompts and n samples each is P * n scheduler requests.
 
-Choice i gets rid `{rid}-{i}` (just `rid` when n is 1) and, when seeded, seed + i, so seeded
-choices differ from each other yet reproduce. With n > 1 and a long prompt, a one-token request
-runs first so the prefix cache holds the prompt and the n choices compute only its last token
-(the cache takes a prompt when its request ends).
+Choice i is sample `i % n` of prompt `i // n`. It gets rid `{rid}-{i}` (just `rid` when there is
+one choice) and, when seeded, seed + its sample index, so seeded samples of a prompt differ from
+each other yet reproduce. With n > 1 and a long prompt, a one-token request runs first so the
+prefix cache holds the prompt and the n samples compute only its last token (the cache takes a
+prompt when its request ends). Prompts of a batch are separate requests, so they share the prefix
+cache like any other requests do.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import msgspec
 
 from shoal.api.errors import APIError
 from shoal.api.tokenizer_manager import GenerateResult, IsDisconnected, TokenizerManager
-from shoal.ipc.messages import SEED_BOUND, LogprobParams, ReqStrOut, SamplingParams
+from shoal.ipc.messages import (
+    SEED_BOUND,
+    BootstrapInfo,
+    LogprobParams,
+    ReqStrOut,
+    SamplingParams,
+)
 
 PREFIX_WARMUP_MIN_TOKENS = 64  # below this, computing the prompt n times is cheaper than a step
 
@@ -29,44 +37,57 @@ T = TypeVar("T")
 class Choices:
     tm: TokenizerManager
     rid: str
-    input_ids: list[int]
-    sampling: SamplingParams
+    prompts: list[list[int]]          # token ids of each prompt
+    samplings: list[SamplingParams]   # of each prompt (how many new tokens fit differs)
     n: int
     logprob: LogprobParams | None
     is_disconnected: IsDisconnected | None
+    bootstrap: BootstrapInfo | None = None  # a request `shoal router` paired: one choice only
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def prompt_of(self, index: int) -> list[int]:
+        return self.prompts[index // self.n]
 
     def rid_of(self, index: int) -> str:
-        return self.rid if self.n == 1 else f"{self.rid}-{index}"
+        return self.rid if self.num_choices == 1 else f"{self.rid}-{index}"
 
     def sampling_of(self, index: int) -> SamplingParams:
-        seed = self.sampling.seed
-        if index == 0 or seed is None:
-            return self.sampling
-        shifted = seed + index if seed + index < SEED_BOUND else seed - index
-        return msgspec.structs.replace(self.sampling, seed=shifted)
+        sampling, sample = self.samplings[index // self.n], index % self.n
+        seed = sampling.seed
+        if sample == 0 or seed is None:
+            return sampling
+        shifted = seed + sample if seed + sample < SEED_BOUND else seed - sample
+        return msgspec.structs.replace(sampling, seed=shifted)
 
     async def warm_prefix(self) -> None:
-        """Compute the prompt once, into the prefix cache, before n > 1 choices share it. Not
-        for prompt logprobs: those requests compute their whole prompt anyway."""
+        """Compute each long prompt once, into the prefix cache, before its n > 1 samples share
+        it. Not for prompt logprobs: those requests compute their whole prompt anyway."""
         wants_prompt_logprobs = self.logprob is not None and self.logprob.logprob_start_len >= 0
-        if self.n == 1 or len(self.input_ids) < PREFIX_WARMUP_MIN_TOKENS or wants_prompt_logprobs:
+        if self.n == 1 or wants_prompt_logprobs:
             return
-        await self.tm.generate_full(self.input_ids,
-                                    SamplingParams(max_new_tokens=1, temperature=0.0),
-                                    rid=f"{self.rid}-prefix", is_disconnected=self.is_disconnected)
+        warm = SamplingParams(max_new_tokens=1, temperature=0.0)
+        await gather_all([
+            self.tm.generate_full(ids, warm, is_disconnected=self.is_disconnected,
+                                  rid=f"{self.rid}-prefix" if len(self.prompts) == 1
+                                  else f"{self.rid}-prefix-{p}")
+            for p, ids in enumerate(self.prompts) if len(ids) >= PREFIX_WARMUP_MIN_TOKENS])
 
     def streams(self) -> list[AsyncIterator[ReqStrOut]]:
         """Submit every choice now; one stream of chunks per choice."""
-        return [self.tm.generate(self.input_ids, self.sampling_of(i), rid=self.rid_of(i),
+        return [self.tm.generate(self.prompt_of(i), self.sampling_of(i), rid=self.rid_of(i),
                                  stream=True, logprob=self.logprob,
-                                 is_disconnected=self.is_disconnected)
-                for i in range(self.n)]
+                                 is_disconnected=self.is_disconnected, bootstrap=self.bootstrap)
+                for i in range(self.num_choices)]
 
     async def results(self) -> list[GenerateResult]:
         return await gather_all([
-            self.tm.generate_full(self.input_ids, self.sampling_of(i), rid=self.rid_of(i),
-                                  logprob=self.logprob, is_disconnected=self.is_disconnected)
-            for i in range(self.n)])
+            self.tm.generate_full(self.prompt_of(i), self.sampling_of(i), rid=self.rid_of(i),
+                                  logprob=self.logprob, is_disconnected=self.is_disconnected,
+                                  bootstrap=self.bootstrap)
+            for i in range(self.num_choices)])
 
 
 async def gather_all(awaitables: list[Awaitable[T]]) -> list[T]:

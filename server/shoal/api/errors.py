@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shoal.api.request_fields import refusal_message
+
 logger = logging.getLogger(__name__)
 
 
@@ -55,16 +57,29 @@ def error_response(error: APIError) -> JSONResponse:
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One line per problem, e.g. `max_tokens: Input should be a valid integer`."""
+    """One line per problem, e.g. `max_tokens: Input should be a valid integer`; a field the
+    request may not carry is named on its own (`request_fields.refusal_message`)."""
     lines, param = [], None
     for err in exc.errors():
         if err.get("type") == "json_invalid":
             return f"Invalid JSON body: {err.get('ctx', {}).get('error', err['msg'])}", None
-        loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+        loc = [str(part) for part in err.get("loc", ()) if part != "body" and _names_a_field(part)]
+        if err.get("type") == "extra_forbidden" and loc:
+            return refusal_message(loc[-1]), ".".join(loc)
         param = param or (".".join(loc) or None)
         detail = err["msg"].removeprefix("Value error, ")
         lines.append(f"{'.'.join(loc) or 'body'}: {detail}")
     return "; ".join(lines) or "Invalid request", param
+
+
+_UNION_MEMBER_TYPES = {"str", "int", "float", "bool", "none"}
+
+
+def _names_a_field(part: str | int) -> bool:
+    """A part of an error's location that names a field or an index, not the member of a union
+    that was tried (`list[InputMessage]`, `ContentPart`)."""
+    return isinstance(part, int) or (part.isidentifier() and not part[0].isupper()
+                                     and part not in _UNION_MEMBER_TYPES)
 
 
 def install_error_handlers(app: FastAPI) -> None:

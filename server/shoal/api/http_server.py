@@ -1,7 +1,8 @@
 """The api process's FastAPI app over one `TokenizerManager`: every route, in one place.
 
 Routes: OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/models[/{id}]`;
-`openai_serving.py`), native (`/generate`, `/abort_request`; `native_serving.py`), and operations
+`openai_serving.py`; `/v1/responses`: `responses_serving.py`), native (`/generate`,
+`/abort_request`; `native_serving.py`), and operations
 (`/health`, `/health_generate`, `/server_info`, `/flush_cache`, `/metrics`). With `--api-key`,
 every route but `/health*` needs `Authorization: Bearer <key>` (`auth.py`).
 """
@@ -30,6 +31,8 @@ from shoal.api.protocol import (
     CompletionRequest,
     GenerateRequest,
 )
+from shoal.api.responses_protocol import ResponsesRequest
+from shoal.api.responses_serving import ResponsesServing
 from shoal.api.tokenizer_manager import TokenizerManager
 from shoal.config import ServerArgs
 from shoal.ipc.messages import FlushCacheReq, SchedulerInfoReq
@@ -49,13 +52,14 @@ def create_app(args: ServerArgs, tokenizer_manager: TokenizerManager) -> FastAPI
     install_error_handlers(app)
     if args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
-    _add_openai_routes(app, OpenAIServing(tm))
+    _add_openai_routes(app, OpenAIServing(tm), ResponsesServing(tm))
     _add_native_routes(app, NativeServing(tm))
     _add_info_routes(app, args, tm)
     return app
 
 
-def _add_openai_routes(app: FastAPI, serving: OpenAIServing) -> None:
+def _add_openai_routes(app: FastAPI, serving: OpenAIServing,
+                       responses: ResponsesServing) -> None:
     created = int(time.time())
 
     def model_card() -> dict[str, Any]:
@@ -71,13 +75,17 @@ def _add_openai_routes(app: FastAPI, serving: OpenAIServing) -> None:
     async def completions(req: CompletionRequest, raw: Request) -> Any:
         return await serving.completions(req, raw)
 
+    @app.post("/v1/responses")
+    async def create_response(req: ResponsesRequest, raw: Request) -> Any:
+        return await responses.create(req, raw)
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> dict[str, Any]:
-        serving.check_model(model_id)
+        serving.tm.check_model(model_id)
         return model_card()
 
 

@@ -45,17 +45,19 @@ class NativeServing:
         params = req.sampling_params
         tm.check_token_ids(params.stop_token_ids or [], "stop_token_ids", allow_empty=True)
         tm.check_token_ids(params.logit_bias_ids, "logit_bias", allow_empty=True)
+        tm.check_bootstrap(req.bootstrap())
         max_new = tm.max_new_tokens(len(input_ids), params.max_new_tokens,
                                     DEFAULT_MAX_NEW_TOKENS)
         sampling, started = params.to_sampling(max_new), time.monotonic()
         if req.stream:
             outputs = tm.generate(input_ids, sampling, rid=req.rid, stream=True,
                                   logprob=req.logprob_params(),
-                                  is_disconnected=raw.is_disconnected)
+                                  is_disconnected=raw.is_disconnected, bootstrap=req.bootstrap())
             return sse_response(self._stream(req, input_ids, outputs, started))
         result = await tm.generate_full(input_ids, sampling, rid=req.rid,
                                         logprob=req.logprob_params(),
-                                        is_disconnected=raw.is_disconnected)
+                                        is_disconnected=raw.is_disconnected,
+                                        bootstrap=req.bootstrap())
         meta = native_meta(result, started) | self._logprob_meta(
             req, input_ids, result.output_ids, result.logprobs, result.prompt_logprobs)
         return {"text": result.text, "output_ids": result.output_ids, "meta_info": meta}

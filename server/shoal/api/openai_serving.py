@@ -3,8 +3,9 @@
 Streams follow OpenAI: the first chat delta of each choice carries `role: "assistant"`, each
 choice gets exactly one chunk with a non-null `finish_reason`, every chunk names its choice by
 `index`, `stream_options.include_usage` adds a last chunk with `usage` and no choices, and
-`data: [DONE]` ends the stream. With `n` choices, usage counts the prompt once and the
-completion tokens of all choices.
+`data: [DONE]` ends the stream. With `n` choices, usage counts each prompt once and the
+completion tokens of all choices. A batch of prompts (`/v1/completions`) gives choice
+`prompt index * n + sample`; closing the stream, or the client going away, aborts every choice.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 
 from shoal.api import logprobs as render
 from shoal.api.choices import Choices, merge_streams
-from shoal.api.errors import APIError, bad_request
+from shoal.api.errors import bad_request
 from shoal.api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -50,10 +51,13 @@ def matched_stop(finish: FinishReason | None) -> int | str | None:
     return finish.matched_str if finish.matched_str is not None else finish.matched_token
 
 
-def usage_of(outs: Sequence[ReqStrOut | GenerateResult]) -> Usage:
-    """The last output of each choice: the prompt counts once, completions add up."""
-    return Usage.of(outs[0].prompt_tokens, sum(out.completion_tokens for out in outs),
-                    outs[0].cached_tokens)
+def usage_of(outs: Sequence[ReqStrOut | GenerateResult], n: int) -> Usage:
+    """The last output of each choice, in choice order (n per prompt): each prompt counts once,
+    completions add up."""
+    firsts = outs[::n]
+    return Usage.of(sum(out.prompt_tokens for out in firsts),
+                    sum(out.completion_tokens for out in outs),
+                    sum(out.cached_tokens for out in firsts))
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -69,34 +73,38 @@ class OpenAIServing:
     def __init__(self, tokenizer_manager: TokenizerManager) -> None:
         self.tm = tokenizer_manager
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.tm.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
-
-    async def _choices(self, req: ChatCompletionRequest | CompletionRequest, input_ids: list[int],
-                       logprob: LogprobParams | None, raw: Request) -> Choices:
-        """Check what the model must check, then warm the prompt up for n > 1."""
-        max_new = self.tm.max_new_tokens(len(input_ids), req.requested_max_tokens, None)
+    async def _choices(self, req: ChatCompletionRequest | CompletionRequest,
+                       prompts: list[list[int]], logprob: LogprobParams | None,
+                       raw: Request) -> Choices:
+        """Check what the model must check, then warm the prompts up for n > 1."""
+        samplings = [req.to_sampling(self.tm.max_new_tokens(len(ids), req.requested_max_tokens,
+                                                            None))
+                     for ids in prompts]
         self.tm.check_token_ids(req.stop_token_ids or [], "stop_token_ids", allow_empty=True)
         self.tm.check_token_ids(req.logit_bias_ids, "logit_bias", allow_empty=True)
-        choices = Choices(self.tm, uuid.uuid4().hex, input_ids, req.to_sampling(max_new), req.n,
-                          logprob, raw.is_disconnected)
+        bootstrap = req.bootstrap()
+        self.tm.check_bootstrap(bootstrap)
+        if bootstrap is not None and len(prompts) * req.n > 1:
+            raise bad_request("A request paired by `shoal router` (bootstrap_room) has one "
+                              "prompt and n = 1.", "bootstrap_room")
+        choices = Choices(self.tm, uuid.uuid4().hex, prompts, samplings, req.n, logprob,
+                          raw.is_disconnected, bootstrap)
         await choices.warm_prefix()
         return choices
 
     # ---- chat -----------------------------------------------------------------------------------
 
     async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Any:
-        self.check_model(req.model)
+        self.tm.check_model(req.model)
         self.tm.check_ready()
         input_ids = self.tm.tokenize_chat(chat_messages(req.messages))
-        choices = await self._choices(req, input_ids, req.logprob_params(), raw)
+        choices = await self._choices(req, [input_ids], req.logprob_params(), raw)
         cid, created = f"chatcmpl-{choices.rid}", int(time.time())
         if req.stream:
             return sse_response(self._chat_stream(req, choices.streams(), cid, created))
         results = await choices.results()
         return ChatCompletionResponse(
-            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results),
+            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results, req.n),
             choices=[ChatChoice(index=i, message=AssistantMessage(content=result.text),
                                 logprobs=self._chat_logprobs(result.output_ids, result),
                                 finish_reason=finish_reason(result.finish),
@@ -126,30 +134,30 @@ class OpenAIServing:
                                               matched_stop=matched_stop(out.finish))])
             last[i] = out
         if req.include_usage and last:
-            yield chunk([], usage_of([last[i] for i in sorted(last)]))
+            yield chunk([], usage_of([last[i] for i in sorted(last)], req.n))
 
     # ---- completions ----------------------------------------------------------------------------
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Any:
-        self.check_model(req.model)
+        self.tm.check_model(req.model)
         self.tm.check_ready()
-        if isinstance(req.prompt, str):
-            input_ids = self.tm.tokenize(req.prompt)
-        else:
-            input_ids = list(req.prompt)
-        self.tm.check_token_ids(input_ids, "prompt")
-        choices = await self._choices(req, input_ids, req.logprob_params(), raw)
-        echo = self._prompt_text(req, input_ids) if req.echo else ""
+        prompts = [self.tm.tokenize(p) if isinstance(p, str) else list(p) for p in req.prompts]
+        for ids in prompts:
+            self.tm.check_token_ids(ids, "prompt")
+        choices = await self._choices(req, prompts, req.logprob_params(), raw)
+        echoes = [self._prompt_text(p, ids) if req.echo else ""
+                  for p, ids in zip(req.prompts, prompts)]
         cid, created = f"cmpl-{choices.rid}", int(time.time())
         if req.stream:
-            return sse_response(self._completion_stream(req, choices.streams(), cid, created,
-                                                        echo, input_ids))
+            return sse_response(self._completion_stream(req, choices, choices.streams(), cid,
+                                                        created, echoes))
         results = await choices.results()
         return CompletionResponse(
-            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results),
+            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results, req.n),
             choices=[CompletionChoice(
-                index=i, text=echo + result.text,
-                logprobs=self._completion_logprobs(input_ids, result, echo, result.output_ids),
+                index=i, text=echoes[i // req.n] + result.text,
+                logprobs=self._completion_logprobs(choices.prompt_of(i), result,
+                                                   echoes[i // req.n], result.output_ids),
                 finish_reason=finish_reason(result.finish),
                 matched_stop=matched_stop(result.finish))
                 for i, result in enumerate(results)])
@@ -169,16 +177,17 @@ class OpenAIServing:
         generated = render.completion_logprobs(self.tm, ids, out.logprobs, offset)
         return generated if prompt is None else render.join(prompt, generated)
 
-    async def _completion_stream(self, req: CompletionRequest,
+    async def _completion_stream(self, req: CompletionRequest, choices: Choices,
                                  streams: list[AsyncIterator[ReqStrOut]], cid: str, created: int,
-                                 echo: str, input_ids: list[int]) -> AsyncIterator[BaseModel]:
-        def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> BaseModel:
+                                 echoes: list[str]) -> AsyncIterator[BaseModel]:
+        def chunk(items: list[CompletionChoice], usage: Usage | None = None) -> BaseModel:
             return CompletionResponse(id=cid, created=created, model=self.tm.model_name,
-                                      choices=choices, usage=usage)
+                                      choices=items, usage=usage)
 
         text_len: dict[int, int] = {}  # characters of each choice's text sent so far
         last: dict[int, ReqStrOut] = {}
         async for i, out in merge_streams(streams):
+            echo, input_ids = echoes[i // req.n], choices.prompt_of(i)
             if i not in text_len:
                 text_len[i] = len(echo)
                 if echo:  # sent with the first output, which brings the prompt's logprobs
@@ -196,7 +205,7 @@ class OpenAIServing:
             text_len[i] += len(out.text)
             last[i] = out
         if req.include_usage and last:
-            yield chunk([], usage_of([last[i] for i in sorted(last)]))
+            yield chunk([], usage_of([last[i] for i in sorted(last)], req.n))
 
-    def _prompt_text(self, req: CompletionRequest, input_ids: list[int]) -> str:
-        return req.prompt if isinstance(req.prompt, str) else self.tm.decode(input_ids)
+    def _prompt_text(self, prompt: str | list[int], input_ids: list[int]) -> str:
+        return prompt if isinstance(prompt, str) else self.tm.decode(input_ids)

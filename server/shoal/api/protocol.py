@@ -1,9 +1,11 @@
 """HTTP request and response bodies: the OpenAI subset shoal serves, and the native `/generate`.
 
-Requests are strict (a string is not an int) but ignore unknown fields, like most OpenAI-compatible
-servers. Each request turns into `shoal.ipc.messages.SamplingParams` through `to_sampling`, once the
-tokenizer manager has resolved how many new tokens fit (`max_new_tokens`), and into
-`LogprobParams` (or None) through `logprob_params`.
+Requests are strict: a string is not an int, and a field is either honoured, accepted and
+ignored (listed in the model's `ignored_fields`: metadata that cannot change what is generated),
+or refused with a 400 naming it (`request_fields.py`; docs/api.md has the tables). Each request
+turns into `shoal.ipc.messages.SamplingParams` through `to_sampling`, once the tokenizer manager
+has resolved how many new tokens fit (`max_new_tokens`), and into `LogprobParams` (or None)
+through `logprob_params`.
 
 Log-probabilities are those of the raw model logits (before temperature, penalties and
 logit_bias; see shoal.engine.logprobs).
@@ -11,30 +13,65 @@ logit_bias; see shoal.engine.logprobs).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
 
-from shoal.ipc.messages import SEED_BOUND, LogprobParams, SamplingParams
+from shoal.api.request_fields import drop_no_ops
+from shoal.ipc.messages import SEED_BOUND, BootstrapInfo, LogprobParams, SamplingParams
 
 MAX_STOP_STRINGS = 4
 MAX_N = 8              # choices per OpenAI request (each is its own request in the scheduler)
+MAX_PROMPTS = 256      # prompts in one /v1/completions request
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+class StrictModel(BaseModel):
+    """A request body, or a part of one: strict types, and no field it does not declare (a field
+    sent as null or with a value that asks for nothing is dropped first: `drop_no_ops`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    ignored_fields: ClassVar[frozenset[str]] = frozenset()  # declared, accepted, not acted on
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_no_ops(cls, data: Any) -> Any:
+        return drop_no_ops(data, set(cls.model_fields))
 
 
-class _Sampling(_Request):
+class _Bootstrap(StrictModel):
+    """Where a prefill/decode pair meets (docs/pd.md): `shoal router` adds these, SGLang's
+    names, to the body it sends both servers; all three or none."""
+
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = Field(None, ge=1, le=65535)
+    bootstrap_room: int | None = Field(None, ge=0, lt=SEED_BOUND)
+
+    @model_validator(mode="after")
+    def _all_or_none(self) -> _Bootstrap:
+        given = [self.bootstrap_host, self.bootstrap_port, self.bootstrap_room]
+        if any(v is not None for v in given) and any(v is None for v in given):
+            raise ValueError("bootstrap_host, bootstrap_port and bootstrap_room go together")
+        return self
+
+    def bootstrap(self) -> BootstrapInfo | None:
+        if self.bootstrap_host is None or self.bootstrap_port is None \
+                or self.bootstrap_room is None:
+            return None
+        return BootstrapInfo(host=self.bootstrap_host, port=self.bootstrap_port,
+                             room=self.bootstrap_room)
+
+
+class _Sampling(StrictModel):
     """Fields shared by every generation request (OpenAI names plus the SGLang extensions)."""
 
     temperature: float | None = Field(None, ge=0)
@@ -119,17 +156,51 @@ class _Sampling(_Request):
         )
 
 
-class StreamOptions(_Request):
+class StreamOptions(StrictModel):
+    ignored_fields = frozenset({"include_obfuscation"})
+
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # no obfuscation padding is ever added
 
 
-class _OpenAISampling(_Sampling):
+def options_need_stream(value: StreamOptions | None,
+                        info: ValidationInfo) -> StreamOptions | None:
+    """`stream_options` of a request that does not stream is a 400 (as with OpenAI); the
+    request declares `stream` before `stream_options`."""
+    if value is not None and not info.data.get("stream"):
+        raise ValueError("only allowed when `stream` is true")
+    return value
+
+
+class OpenAIMetadata(StrictModel):
+    """What OpenAI requests may carry that cannot change what is generated: accepted and
+    ignored (docs/api.md)."""
+
+    ignored_fields = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier",
+                                "prompt_cache_key", "prompt_cache_retention"})
+
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None  # nothing is ever stored
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None  # the prefix cache needs no key
+    prompt_cache_retention: str | None = None
+
+
+class _OpenAISampling(_Sampling, _Bootstrap, OpenAIMetadata):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     min_tokens: int = Field(0, ge=0)  # vLLM/SGLang extension: stop tokens masked until then
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _options_need_stream(cls, value: StreamOptions | None,
+                             info: ValidationInfo) -> StreamOptions | None:
+        return options_need_stream(value, info)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -144,22 +215,38 @@ class _OpenAISampling(_Sampling):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class ContentPart(_Request):
+class ContentPart(StrictModel):
+    """A part of a message's content: only `{"type": "text", "text": ...}` is served; any other
+    part (an image, audio, ...) refuses the whole request in `text_of`."""
+
+    model_config = ConfigDict(extra="allow")
+
     type: str
     text: str | None = None
 
 
-class ChatMessage(_Request):
+def text_of(content: str | list[ContentPart] | None, text_type: str = "text") -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if any(part.type != text_type or part.text is None or part.model_extra
+           for part in content):
+        raise ValueError(f"only `{text_type}` content parts are supported")
+    return "".join(part.text or "" for part in content)
+
+
+class ChatMessage(StrictModel):
+    ignored_fields = frozenset({"name", "refusal", "annotations"})
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    # accepted and ignored: the chat template has no place for a name; an assistant message
+    # sent back as it came has these
     name: str | None = None
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
 
     def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        if any(part.type != "text" or part.text is None for part in self.content):
-            raise ValueError("only text content parts are supported")
-        return "".join(part.text or "" for part in self.content)
+        return text_of(self.content)
 
 
 class ChatCompletionRequest(_OpenAISampling):
@@ -183,10 +270,20 @@ class ChatCompletionRequest(_OpenAISampling):
 
 
 class CompletionRequest(_OpenAISampling):
+    """One prompt (text or token ids) or a batch of them; choice i of the response is sample
+    `i % n` of prompt `i // n`."""
+
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    suffix: str | None = None
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the batch: one, unless `prompt` is a list of texts or of id lists."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+            return [prompt]
+        return list(prompt)
 
     def logprob_params(self) -> LogprobParams | None:
         """`logprobs: k` asks for each token's logprob and its k most likely alternatives; with
@@ -198,18 +295,9 @@ class CompletionRequest(_OpenAISampling):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: Any) -> str | list[int]:
-        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-            if len(value) != 1:
-                raise ValueError("only one prompt per request is supported")
-            value = value[0]
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("suffix is not supported")
+    def _batch_size(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_PROMPTS and not isinstance(value[0], int):
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request are supported")
         return value
 
 
@@ -234,7 +322,7 @@ class NativeSampling(_Sampling):
         return value
 
 
-class GenerateRequest(_Request):
+class GenerateRequest(_Bootstrap):
     """Native `/generate`: exactly one of `text` and `input_ids`."""
 
     text: str | None = None
@@ -254,7 +342,7 @@ class GenerateRequest(_Request):
                              logprob_start_len=self.logprob_start_len)
 
 
-class AbortRequest(_Request):
+class AbortRequest(StrictModel):
     rid: str = ""
     abort_all: bool = False
 

@@ -175,6 +175,11 @@ class TokenizerManager:
     def is_ready(self) -> bool:
         return not self.missing_components
 
+    def check_model(self, model: str | None) -> None:
+        """A request naming another model than the served one is a 404 (None: any)."""
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", "model_not_found", "model")
+
     def check_ready(self) -> None:
         if not self.is_ready:
             raise APIError(503, "The server is not ready yet (waiting for: "
