@@ -1,22 +1,24 @@
 """`make bench`: shoal (float32 and w8a16) vs llama.cpp's `llama-server` (F32 and Q8_0 of the
 same weights) vs `transformers serve --continuous-batching` vs the bare-forward ceiling.
 
-One run on one machine, the same workload for everyone:
+One run on one machine, the same workload for everyone, the most wanted ratios first:
     1. transformers `generate` at batch 1 (best of 1 thread and all cores);
     2. `shoal serve`: at each concurrency c, the random dataset between two runs of
        `shoal bench forward` at batch c (the server up and idle), the other random shapes at the
        ratio concurrency, then the shared-prefix dataset at each prefix/suffix shape. The ceiling
        is the mean of the runs just before and just after the serving run it is compared with:
        what this shared 2-core host gives drifts by 10-30% within minutes;
-    3. `shoal serve --disable-radix-cache`: the shared-prefix shapes;
-    4. `shoal serve --quantization w8a16`: the main shape at the int8 concurrencies;
-    5. `llama-server` on the F32 GGUF, one server per concurrency (`-np` = concurrency), the same
-       random workloads; then the other thread counts at concurrency 1 and the ratio concurrency;
-    6. `llama-server` on the Q8_0 GGUF at the int8 concurrencies;
-    7. `transformers serve --continuous-batching`: the random workloads.
+    3. `llama-server` on the F32 GGUF, one server per concurrency (`-np` = concurrency), the same
+       random workloads;
+    4. `shoal serve --quantization w8a16`, then `llama-server` on the Q8_0 GGUF: the main shape
+       at the int8 concurrencies;
+    5. `shoal serve --disable-radix-cache`: the shared-prefix shapes;
+    6. `transformers serve --continuous-batching`: the random workloads;
+    7. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
 Writes docs/benchmarks.md (from its section "Where the time goes" to the end, an existing file
-is kept) and docs/benchmarks_throughput.png; raw JSON goes to --results-dir.
+is kept) and docs/benchmarks_throughput.png after each server, so that a run cut short leaves
+what it measured; raw JSON goes to --results-dir.
 
 `python -m shoal.bench.suite --quick` is a few-minute smoke version of the same run.
 """
@@ -97,12 +99,15 @@ def random_label(system: str, shape: Shape, concurrency: int) -> str:
 
 
 class Suite:
-    def __init__(self, cfg: SuiteConfig, results: Path, llama_bin: Path | None) -> None:
+    def __init__(self, cfg: SuiteConfig, results: Path, llama_bin: Path | None,
+                 on_progress: Callable[[SuiteResults], None] | None = None) -> None:
         self.cfg = cfg
         self.results = results
         self.llama_bin = llama_bin
+        self.on_progress = on_progress
         self.res = SuiteResults()
         self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
+        self.llama_threads = cfg.llama_cpp_threads or os.cpu_count() or 1
 
     def serve(self, server: Server, body: Callable[[Server], None]) -> None:
         self.res.servers[server.name] = server.command()
@@ -114,6 +119,8 @@ class Suite:
             print(f"[suite] {exc}", file=sys.stderr)
         finally:
             server.stop()
+        if self.on_progress is not None:
+            self.on_progress(self.res)
 
     def random(self, system: str, server: Server, shape: Shape, concurrency: int) -> None:
         self.res.serving[(system, shape, concurrency)] = serving_run(
@@ -127,20 +134,32 @@ class Suite:
         return body
 
     def run(self) -> SuiteResults:
+        """Each server in turn, most wanted ratios first; `on_progress` after each one."""
         cfg, results = self.cfg, self.results
         self.generate()
         self.serve(shoal_server(results, SHOAL), self.shoal_body)
-        self.serve(shoal_server(results, f"{SHOAL} --disable-radix-cache",
-                                "--disable-radix-cache"), self.no_radix_body)
+        llama = self.llama_ggufs() if not cfg.skip_llama_cpp else None
+        if llama is not None:
+            for c in cfg.concurrencies:
+                self.llama_serve(LLAMA_F32, llama[0], c, self.llama_threads,
+                                 [w for w in cfg.workloads(cfg.concurrencies) if w[1] == c])
         self.serve(shoal_server(results, SHOAL_INT8, "--quantization", "w8a16"),
                    self.randoms(SHOAL_INT8, [(cfg.shape, c) for c in cfg.int8_concurrencies]))
-        if not cfg.skip_llama_cpp:
-            self.llama_cpp()
+        if llama is not None:
+            for c in cfg.int8_concurrencies:
+                self.llama_serve(LLAMA_Q8, llama[1], c, self.llama_threads, [(cfg.shape, c)])
+        self.serve(shoal_server(results, f"{SHOAL} --disable-radix-cache",
+                                "--disable-radix-cache"), self.no_radix_body)
         if not cfg.skip_transformers:
             model_path = str(model_store.prepare())
             threads = cfg.transformers_threads or self.threads
             self.serve(transformers_server(TRANSFORMERS, model_path, threads, results),
                        self.randoms(TRANSFORMERS, cfg.workloads(cfg.concurrencies)))
+        if llama is not None:
+            for t in cfg.llama_cpp_thread_trials:
+                for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
+                    if t != self.llama_threads:
+                        self.llama_serve(LLAMA_F32, llama[0], c, t, [(cfg.shape, c)])
         return self.res
 
     def generate(self) -> None:
@@ -179,36 +198,25 @@ class Suite:
         self.res.shared[(radix, shape)] = serving_run(label, server, self.results,
                                                       *shared_prefix_args(self.cfg, shape))
 
-    def llama_cpp(self) -> None:
-        cfg = self.cfg
+    def llama_ggufs(self) -> tuple[Path, Path] | None:
+        """The F32 and Q8_0 GGUFs, converted once; None (and an error) if llama.cpp is absent."""
         if self.llama_bin is None:
             self.res.errors.append("llama.cpp: no --llama-cpp-bin (run tools/llama-cpp/build.sh)")
-            return
+            return None
         cache = llama_cpp.tools_dir() / "gguf"
         try:
             source = llama_cpp.source_gguf()
-            f32, q8 = (llama_cpp.converted_gguf(self.llama_bin, t, source, cache)
-                       for t in ("F32", "Q8_0"))
+            return (llama_cpp.converted_gguf(self.llama_bin, "F32", source, cache),
+                    llama_cpp.converted_gguf(self.llama_bin, "Q8_0", source, cache))
         except (OSError, subprocess.CalledProcessError, model_store.ModelNotAvailable) as exc:
             self.res.errors.append(f"llama.cpp GGUF conversion: {exc}")
-            return
-        threads = cfg.llama_cpp_threads or os.cpu_count() or 1
-        for c in cfg.concurrencies:
-            work = [w for w in cfg.workloads(cfg.concurrencies) if w[1] == c]
-            self.llama_serve(LLAMA_F32, f32, c, threads, work)
-        for t in cfg.llama_cpp_thread_trials:
-            if t == threads:
-                continue
-            for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
-                self.llama_serve(LLAMA_F32, f32, c, t, [(cfg.shape, c)])
-        for c in cfg.int8_concurrencies:
-            self.llama_serve(LLAMA_Q8, q8, c, threads, [(cfg.shape, c)])
+            return None
 
     def llama_serve(self, system: str, gguf: Path, concurrency: int, threads: int,
                     work: list[tuple[Shape, int]]) -> None:
         assert self.llama_bin is not None
         cfg = self.cfg
-        main_threads = threads == (cfg.llama_cpp_threads or os.cpu_count() or 1)
+        main_threads = threads == self.llama_threads
         name = f"{system} -np {concurrency} -t {threads}"
         max_tokens = max(i + o for (i, o), _ in work)
 
@@ -283,18 +291,26 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     start = time.monotonic()
     load_before = os.getloadavg()
+
+    def report(res: SuiteResults, done: bool) -> None:
+        """docs/benchmarks.md and the plot from what has run so far (rewritten after each
+        server, so that a run cut short still leaves its numbers)."""
+        wall_s = time.monotonic() - start
+        info = {**machine, "load average (1/5/15 min) before / after": (
+            f"{' '.join(f'{x:.2f}' for x in load_before)} / "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+            + ("" if done else " (run still in progress)"))}
+        (results / "suite.json").write_text(json.dumps(
+            {"config": dataclasses.asdict(cfg), "machine": info, "wall_s": wall_s,
+             "done": done, "servers": res.servers, "errors": res.errors}, indent=2) + "\n")
+        write_report(cfg, res, info, wall_s, docs / "benchmarks.md",
+                     docs / "benchmarks_throughput.png")
+        plot_throughput(cfg, res, docs / "benchmarks_throughput.png")
+
     llama_bin = Path(ns.llama_cpp_bin) if ns.llama_cpp_bin else None
-    res = Suite(cfg, results, llama_bin).run()
+    res = Suite(cfg, results, llama_bin, lambda r: report(r, done=False)).run()
+    report(res, done=True)
     wall_s = time.monotonic() - start
-    machine["load average (1/5/15 min) before / after"] = (
-        f"{' '.join(f'{x:.2f}' for x in load_before)} / "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    (results / "suite.json").write_text(json.dumps(
-        {"config": dataclasses.asdict(cfg), "machine": machine, "wall_s": wall_s,
-         "servers": res.servers, "errors": res.errors}, indent=2) + "\n")
-    write_report(cfg, res, machine, wall_s, docs / "benchmarks.md",
-                 docs / "benchmarks_throughput.png")
-    plot_throughput(cfg, res, docs / "benchmarks_throughput.png")
     print(f"[suite] done in {wall_s / 60:.1f} min; wrote {docs / 'benchmarks.md'} and "
           f"{docs / 'benchmarks_throughput.png'}; raw results in {results}", file=sys.stderr)
     for crit in acceptance(cfg, res):
