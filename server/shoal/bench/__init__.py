@@ -1,5 +1,6 @@
 """Benchmarks: `shoal bench serving` (any OpenAI-compatible server), `shoal bench forward` (the
-bare-forward ceiling) and `python -m shoal.bench.suite` (the `make bench` driver)."""
+bare-forward ceiling), `shoal bench soak` (mixed load, disconnects and aborts, then the leak
+checks) and `python -m shoal.bench.suite` (the `make bench` driver)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import argparse
 
 
 def add_bench_commands(commands: argparse._SubParsersAction) -> None:
-    """Attach `bench serving|forward` to the `shoal` command's subparsers (imports stay lazy:
+    """Attach `bench serving|forward|soak` to the `shoal` command's subparsers (imports stay lazy:
     `shoal --help` must not load torch)."""
     from shoal.bench.cli_args import add_forward_args, add_serving_args
+    from shoal.bench.soak import add_soak_args
 
     bench = commands.add_parser("bench", help="benchmarks: serving client, bare forward")
     sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -21,9 +23,18 @@ def add_bench_commands(commands: argparse._SubParsersAction) -> None:
         "forward", help="bare-forward decode ceiling of shoal's model runner",
         description="Time N decode steps at batch B over a KV context of L tokens, with no "
                     "server, scheduler or tokenizer in the loop."))
+    add_soak_args(sub.add_parser(
+        "soak", help="mixed load with disconnects and aborts, then check nothing leaked",
+        description="Mixed chat/completions load at a fixed concurrency, a share of the "
+                    "streams disconnected or aborted; then the server's RSS, fds, KV pool and "
+                    "/health_generate. Exit 1 when anything was lost."))
 
 
 def bench_main(ns: argparse.Namespace) -> int:
+    if ns.bench_command == "soak":
+        from shoal.bench.soak import soak_main
+
+        return soak_main(ns)
     if ns.bench_command == "serving":
         from shoal.bench.serving import serving_main
 
