@@ -30,10 +30,18 @@ pytestmark = pytest.mark.image_smoke
 IMAGE = os.environ.get("SHOAL_SMOKE_IMAGE", "shoal:smoke")
 HEALTHY_TIMEOUT_S = 180
 SHOAL_UID = 10001
+# How the image is meant to run (docs/image.md): a read-only root filesystem with a tmpfs for
+# the run directory, no capabilities, no privilege escalation.
+HARDENING = ("--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777", "--cap-drop", "ALL",
+             "--security-opt", "no-new-privileges")
 # Runs inside the container (the image's own Python and psutil): the component processes.
 LIST_PROCESSES = ("import json, psutil; print(json.dumps([(p.info['pid'], p.info['uids'].real, "
                   "' '.join(p.info['cmdline'] or []).strip()) for p in "
                   "psutil.process_iter(['pid', 'uids', 'cmdline'])]))")
+# Every capability set of every process in the container, as numbers.
+READ_CAPABILITIES = ("import glob, json; print(json.dumps([int(line.split()[1], 16) for path in "
+                     "glob.glob('/proc/[0-9]*/status') for line in open(path) "
+                     "if line.startswith('Cap')]))")
 
 
 def docker(*args: str, timeout: float = 60, check: bool = True
@@ -54,6 +62,16 @@ class Container:
     def processes(self) -> list[tuple[int, int, str]]:
         out = docker("exec", self.name, "python", "-c", LIST_PROCESSES).stdout
         return [tuple(p) for p in json.loads(out)]
+
+    def capabilities(self) -> set[int]:
+        """The values of every capability set (inheritable, permitted, effective, bounding,
+        ambient) of every process: {0} when none is held anywhere."""
+        out = docker("exec", self.name, "python", "-c", READ_CAPABILITIES).stdout
+        return set(json.loads(out))
+
+    def write_outside_tmp(self) -> str:
+        return docker("exec", self.name, "touch", "/opt/shoal/x", "/home/shoal/x",
+                      check=False).stderr
 
     def logs(self) -> str:
         result = docker("logs", self.name, check=False)
@@ -79,7 +97,7 @@ def run_container(image: str, tmp_path: Path) -> Iterator:
         termination_log.chmod(0o666)  # written by the image's non-root user
         env = {"SHOAL_HOST": "127.0.0.1", "SHOAL_PORT": str(port), **(env or {})}
         docker("run", "--detach", "--name", name, "--network", "host", "--health-interval", "2s",
-               "--volume", f"{termination_log}:/dev/termination-log",
+               *HARDENING, "--volume", f"{termination_log}:/dev/termination-log",
                *[f"--env={key}={value}" for key, value in env.items()], image, *flags)
         names.append(name)
         container = Container(name, f"http://127.0.0.1:{port}", termination_log)
@@ -112,6 +130,9 @@ def test_serves_then_exits_with_the_killed_schedulers_code(run_container) -> Non
                       "shoal::scheduler_TP1"}
     assert any("supervisor.supervisord" in cmd for _, _, cmd in processes)
     assert {uid for _, uid, _ in processes} == {SHOAL_UID}  # nothing runs as root
+    assert container.state(".HostConfig.ReadonlyRootfs") == "true"
+    assert container.capabilities() == {0}
+    assert "Read-only file system" in container.write_outside_tmp()
     assert "image/entrypoint.py" in next(cmd for pid, _, cmd in processes if pid == 1)
 
     assert "Paris" in ask_capital_of_france(container.base_url)
