@@ -41,6 +41,7 @@ class ServerArgs:
     quantization: Quantization = "none"
     context_length: int | None = None
     max_running_requests: int | None = None
+    max_queued_requests: int | None = None  # None: unbounded (api/backpressure.py)
     max_total_tokens: int | None = None
     page_size: int = 1
     chunked_prefill_size: int = 2048
@@ -76,6 +77,8 @@ class ServerArgs:
              "--max-total-tokens must be >= 16"),
             (self.max_running_requests is None or self.max_running_requests >= 1,
              "--max-running-requests must be >= 1"),
+            (self.max_queued_requests is None or self.max_queued_requests >= 0,
+             "--max-queued-requests must be >= 0"),
             (1 <= self.disaggregation_bootstrap_port <= 65535,
              "--disaggregation-bootstrap-port must be in [1, 65535]"),
             (self.disaggregation_timeout > 0, "--disaggregation-timeout must be > 0"),
