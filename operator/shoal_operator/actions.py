@@ -62,4 +62,33 @@ class CreatePods:
         return f"create pods {', '.join(p['metadata']['name'] for p in self.pods)}"
 
 
-Action = ReplaceStatus | EmitEvent | DeletePods | CreateService | CreatePods
+@dataclass(frozen=True)
+class CreateDeployment:
+    deployment: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"create deployment {self.deployment['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class PatchDeployment:
+    """The Deployment as it should be now (a changed spec): merged over the stored one."""
+
+    deployment: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"update deployment {self.deployment['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class DeleteRouter:
+    """The router's Deployment and Service, once the spec has no router."""
+
+    name: str
+
+    def describe(self) -> str:
+        return f"delete deployment and service {self.name}"
+
+
+Action = (ReplaceStatus | EmitEvent | DeletePods | CreateService | CreatePods | CreateDeployment
+          | PatchDeployment | DeleteRouter)

@@ -14,7 +14,7 @@ from typing import Any
 
 from shoal_operator import names
 from shoal_operator.config import OperatorConfig
-from shoal_operator.spec import ModelDeployment
+from shoal_operator.spec import ModelDeployment, Role
 from shoal_operator.status import format_time
 
 READINESS_PERIOD_S = 3
@@ -33,18 +33,20 @@ def _metadata(md: ModelDeployment, name: str, labels: dict[str, str]) -> dict[st
             "ownerReferences": [owner_reference(md)]}
 
 
-def engine_env(md: ModelDeployment, config: OperatorConfig, replica: int,
-               node_rank: int) -> list[dict[str, Any]]:
+def engine_env(md: ModelDeployment, config: OperatorConfig, replica: int, node_rank: int,
+               role: Role | None = None) -> list[dict[str, Any]]:
     """The operator's SHOAL_* variables (DESIGN.md 8), then the user's `engine.env`; a user
     variable of the same name replaces the operator's."""
-    engine = md.spec.engine
+    role = role or md.spec.colocated
+    engine = role.engine
+    mode = "null" if role.name == names.ENGINE_ROLE else role.name
     values = {"SHOAL_PORT": str(names.HTTP_PORT), "SHOAL_TP": str(engine.tp),
               "SHOAL_PP": str(engine.pp), "SHOAL_NNODES": str(engine.nnodes),
-              "SHOAL_NODE_RANK": str(node_rank), "SHOAL_DISAGGREGATION_MODE": "null",
+              "SHOAL_NODE_RANK": str(node_rank), "SHOAL_DISAGGREGATION_MODE": mode,
               "SHOAL_TERMINATION_LOG": names.TERMINATION_MESSAGE_PATH}
     if engine.nnodes > 1:  # a one-node group picks its own local rendezvous port
-        leader = names.pod_name(md.name, names.ENGINE_ROLE, replica, 0)
-        host = names.pod_host(md.name, md.namespace, leader, config.cluster_domain)
+        leader = names.pod_name(md.name, role.name, replica, 0)
+        host = names.pod_host(md.name, md.namespace, leader, config.cluster_domain, role.name)
         values["SHOAL_DIST_INIT_ADDR"] = f"{host}:{names.DIST_INIT_PORT}"
     if md.spec.model.path:
         values["SHOAL_MODEL_PATH"] = md.spec.model.path
@@ -67,58 +69,69 @@ def _volumes(md: ModelDeployment) -> tuple[list[dict[str, Any]], list[dict[str, 
     return volumes, mounts
 
 
-def pod_spec(md: ModelDeployment, config: OperatorConfig, replica: int,
-             node_rank: int) -> dict[str, Any]:
-    name = names.pod_name(md.name, names.ENGINE_ROLE, replica, node_rank)
+def pod_spec(md: ModelDeployment, config: OperatorConfig, replica: int, node_rank: int,
+             role: Role | None = None) -> dict[str, Any]:
+    role = role or md.spec.colocated
+    name = names.pod_name(md.name, role.name, replica, node_rank)
     ports = [{"name": "http", "containerPort": names.HTTP_PORT}]
-    if md.spec.engine.nnodes > 1:
+    if role.engine.nnodes > 1:
         ports.append({"name": "dist", "containerPort": names.DIST_INIT_PORT})
     volumes, mounts = _volumes(md)
     container = {
         "name": names.CONTAINER, "image": md.spec.image, "args": list(md.spec.engine.args),
-        "env": engine_env(md, config, replica, node_rank), "ports": ports,
+        "env": engine_env(md, config, replica, node_rank, role), "ports": ports,
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
                            "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": 2},
-        "resources": md.spec.engine.resources, "volumeMounts": mounts,
+        "resources": role.engine.resources, "volumeMounts": mounts,
         "terminationMessagePath": names.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "hostname": name,
-        "subdomain": names.headless_service_name(md.name),
+        "subdomain": names.headless_service_name(md.name, role.name),
         "automountServiceAccountToken": False, "enableServiceLinks": False,
         "terminationGracePeriodSeconds": DEFAULT_GRACE_S,
         "containers": [container], "volumes": volumes,
     }
-    spec.update({k: md.spec.pod_template[k] for k in POD_TEMPLATE_FIELDS
-                 if md.spec.pod_template.get(k) is not None})
+    spec.update(_pod_template_fields(md))
     return spec
 
 
-def template_hash(md: ModelDeployment, config: OperatorConfig) -> str:
-    """Fingerprint of the pod template (as built for replica 0, node 0; the same for all)."""
-    text = json.dumps(pod_spec(md, config, 0, 0), sort_keys=True, separators=(",", ":"))
+def _pod_template_fields(md: ModelDeployment) -> dict[str, Any]:
+    return {k: md.spec.pod_template[k] for k in POD_TEMPLATE_FIELDS
+            if md.spec.pod_template.get(k) is not None}
+
+
+def _fingerprint(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def template_hash(md: ModelDeployment, config: OperatorConfig, role: Role | None = None) -> str:
+    """Fingerprint of a role's pod template (as built for replica 0, node 0; the same for
+    all)."""
+    return _fingerprint(pod_spec(md, config, 0, 0, role))
+
+
 def pod_labels(md: ModelDeployment, replica: int, node_rank: int, incarnation: int,
-               hash_: str) -> dict[str, str]:
-    return {**names.common_labels(md.name), names.COMPONENT: names.ENGINE_ROLE,
-            names.GROUP_LABEL: names.group_name(md.name, names.ENGINE_ROLE, replica),
+               hash_: str, role: str = names.ENGINE_ROLE) -> dict[str, str]:
+    return {**names.common_labels(md.name), names.COMPONENT: role,
+            names.GROUP_LABEL: names.group_name(md.name, role, replica),
             names.REPLICA: str(replica), names.NODE_RANK: str(node_rank),
             names.INCARNATION: str(incarnation), names.TEMPLATE_HASH: hash_}
 
 
 def build_pod(md: ModelDeployment, config: OperatorConfig, replica: int, node_rank: int,
-              incarnation: int, hash_: str) -> dict[str, Any]:
-    name = names.pod_name(md.name, names.ENGINE_ROLE, replica, node_rank)
-    labels = pod_labels(md, replica, node_rank, incarnation, hash_)
+              incarnation: int, hash_: str, role: Role | None = None) -> dict[str, Any]:
+    role = role or md.spec.colocated
+    name = names.pod_name(md.name, role.name, replica, node_rank)
+    labels = pod_labels(md, replica, node_rank, incarnation, hash_, role.name)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _metadata(md, name, labels),
-            "spec": pod_spec(md, config, replica, node_rank)}
+            "spec": pod_spec(md, config, replica, node_rank, role)}
 
 
-def engine_selector(md_name: str) -> dict[str, str]:
-    return {**names.common_labels(md_name), names.COMPONENT: names.ENGINE_ROLE}
+def engine_selector(md_name: str, role: str = names.ENGINE_ROLE) -> dict[str, str]:
+    return {**names.common_labels(md_name), names.COMPONENT: role}
 
 
 def serving_selector(md_name: str) -> dict[str, str]:
@@ -130,15 +143,16 @@ def selector_string(selector: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
 
 
-def build_headless_service(md: ModelDeployment) -> dict[str, Any]:
-    """Every engine pod's DNS name, ready or not (ranks find each other before they are)."""
+def build_headless_service(md: ModelDeployment, role: str = names.ENGINE_ROLE) -> dict[str, Any]:
+    """Every pod's DNS name of a role, ready or not (ranks find each other before they are;
+    the router finds the servers)."""
     ports = [{"name": "http", "port": names.HTTP_PORT, "targetPort": "http"},
              {"name": "dist", "port": names.DIST_INIT_PORT, "targetPort": names.DIST_INIT_PORT}]
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _metadata(md, names.headless_service_name(md.name),
+            "metadata": _metadata(md, names.headless_service_name(md.name, role),
                                   names.common_labels(md.name)),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": engine_selector(md.name), "ports": ports}}
+                     "selector": engine_selector(md.name, role), "ports": ports}}
 
 
 def build_service(md: ModelDeployment) -> dict[str, Any]:
@@ -147,6 +161,51 @@ def build_service(md: ModelDeployment) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _metadata(md, names.service_name(md.name), names.common_labels(md.name)),
             "spec": {"type": "ClusterIP", "selector": serving_selector(md.name),
+                     "ports": [{"name": "http", "port": names.HTTP_PORT, "targetPort": "http"}]}}
+
+
+def router_args(md: ModelDeployment, config: OperatorConfig) -> list[str]:
+    """`shoal router` over the servers of the headless Services of the roles the spec runs
+    (each server's mode from its /server_info)."""
+    assert md.spec.router is not None
+    args = ["router", "--host", "$(POD_IP)", "--port", str(names.HTTP_PORT),
+            "--policy", md.spec.router.policy]
+    for role in md.spec.roles():
+        host = names.service_host(names.headless_service_name(md.name, role.name),
+                                  md.namespace, config.cluster_domain)
+        args += ["--service", f"{host}:{names.HTTP_PORT}"]
+    return args
+
+
+def build_router_deployment(md: ModelDeployment, config: OperatorConfig) -> dict[str, Any]:
+    """The router's Deployment; its `shoal.dev/template-hash` label fingerprints the rest, so a
+    changed spec replaces it."""
+    assert md.spec.router is not None
+    selector = engine_selector(md.name, names.ROUTER_ROLE)
+    container = {
+        "name": names.ROUTER_CONTAINER, "image": md.spec.image,
+        "command": ["shoal"], "args": router_args(md, config),
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "http", "containerPort": names.HTTP_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                           "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": 2},
+    }
+    pod_spec_: dict[str, Any] = {"automountServiceAccountToken": False,
+                                 "enableServiceLinks": False, "containers": [container],
+                                 **_pod_template_fields(md)}
+    spec = {"replicas": md.spec.router.replicas, "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": selector}, "spec": pod_spec_}}
+    labels = {**selector, names.TEMPLATE_HASH: _fingerprint(spec)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": _metadata(md, names.router_name(md.name), labels), "spec": spec}
+
+
+def build_router_service(md: ModelDeployment) -> dict[str, Any]:
+    """The ClusterIP Service in front of the ready routers: `status.endpoint` with a router."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(md, names.router_name(md.name), names.common_labels(md.name)),
+            "spec": {"type": "ClusterIP",
+                     "selector": engine_selector(md.name, names.ROUTER_ROLE),
                      "ports": [{"name": "http", "port": names.HTTP_PORT, "targetPort": "http"}]}}
 
 

@@ -28,7 +28,6 @@ class Summary:
     failed: tuple[GroupRecord, ...]  # desired groups that are Failed
     settled: bool  # every desired group Ready on the current template (or Failed), no extras
     progress: str  # the reason Progressing gives while not settled
-    unsupported: str | None = None  # a requested feature this operator does not deploy yet
 
 
 def phase(summary: Summary) -> str:
@@ -78,7 +77,5 @@ def _degraded(s: Summary) -> tuple[str, str, str]:
         more = f" (and {len(s.failed) - 1} more)" if len(s.failed) > 1 else ""
         return "True", failed.failed_reason or "GroupFailed", \
             f"group {failed.name} failed{more}: {detail}"
-    if s.unsupported:
-        return "True", "Unsupported", s.unsupported
     return "False", "NoFailedGroups", "no group has failed"
 

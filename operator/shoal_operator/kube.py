@@ -8,15 +8,18 @@ import logging
 from typing import Any
 
 import kubernetes
-from kubernetes.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
+from kubernetes.client import ApiClient, ApiException, AppsV1Api, CoreV1Api, CustomObjectsApi
 
 from shoal_operator import names
 from shoal_operator.actions import (
     Action,
+    CreateDeployment,
     CreatePods,
     CreateService,
     DeletePods,
+    DeleteRouter,
     EmitEvent,
+    PatchDeployment,
     ReplaceStatus,
 )
 
@@ -41,6 +44,7 @@ def _json(response: Any) -> Any:
 class Kube:
     def __init__(self, api_client: ApiClient) -> None:
         self.core = CoreV1Api(api_client)
+        self.apps = AppsV1Api(api_client)
         self.custom = CustomObjectsApi(api_client)
 
     def read_model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -53,15 +57,17 @@ class Kube:
                 return None
             raise
 
-    def list_children(self, namespace: str,
-                      name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The pods and Services carrying the ModelDeployment's instance label."""
+    def list_children(self, namespace: str, name: str) -> tuple[
+            list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """The pods, Services and Deployments carrying the ModelDeployment's instance label."""
         selector = f"{names.INSTANCE}={name},{names.MANAGED_BY}={names.OPERATOR}"
         pods = _json(self.core.list_namespaced_pod(namespace, label_selector=selector,
                                                    _preload_content=False))
         services = _json(self.core.list_namespaced_service(namespace, label_selector=selector,
                                                            _preload_content=False))
-        return pods["items"], services["items"]
+        deployments = _json(self.apps.list_namespaced_deployment(
+            namespace, label_selector=selector, _preload_content=False))
+        return pods["items"], services["items"], deployments["items"]
 
     def apply(self, md_body: dict[str, Any], action: Action) -> None:
         """Carry out one action. Creating what exists and deleting what is gone are no-ops; a
@@ -75,6 +81,15 @@ class Kube:
             _create(lambda: self.core.create_namespaced_event(namespace, action.event))
         elif isinstance(action, CreateService):
             _create(lambda: self.core.create_namespaced_service(namespace, action.service))
+        elif isinstance(action, CreateDeployment):
+            _create(lambda: self.apps.create_namespaced_deployment(namespace,
+                                                                   action.deployment))
+        elif isinstance(action, PatchDeployment):
+            self.apps.patch_namespaced_deployment(action.deployment["metadata"]["name"],
+                                                  namespace, action.deployment)
+        elif isinstance(action, DeleteRouter):
+            _delete(lambda: self.apps.delete_namespaced_deployment(action.name, namespace))
+            _delete(lambda: self.core.delete_namespaced_service(action.name, namespace))
         elif isinstance(action, CreatePods):
             for pod in action.pods:
                 _create(lambda pod=pod: self.core.create_namespaced_pod(namespace, pod))
@@ -88,6 +103,14 @@ class Kube:
                 except ApiException as exc:
                     if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or a newer pod
                         raise
+
+
+def _delete(call: Any) -> None:
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status != NOT_FOUND:
+            raise
 
 
 def _create(call: Any) -> None:

@@ -25,7 +25,12 @@ NODE_RANK = "shoal.dev/node-rank"
 TEMPLATE_HASH = "shoal.dev/template-hash"
 INCARNATION = "shoal.dev/incarnation"  # which life of its group a pod belongs to (status.groups)
 
-ENGINE_ROLE = "engine"
+ENGINE_ROLE = "engine"  # a colocated server's pods
+PREFILL_ROLE = "prefill"
+DECODE_ROLE = "decode"
+SERVER_ROLES = (ENGINE_ROLE, PREFILL_ROLE, DECODE_ROLE)
+ROUTER_ROLE = "router"
+ROUTER_CONTAINER = "router"
 
 
 def common_labels(md_name: str) -> dict[str, str]:
@@ -43,9 +48,12 @@ def pod_name(md_name: str, role: str, replica: int, node_rank: int) -> str:
     return f"{group_name(md_name, role, replica)}-{node_rank}"
 
 
-def headless_service_name(md_name: str) -> str:
-    """The pods' subdomain: `<pod>.<md>-nodes.<ns>.svc.<domain>` resolves to each pod."""
-    return f"{md_name}-nodes"
+def headless_service_name(md_name: str, role: str = ENGINE_ROLE) -> str:
+    """The pods' subdomain: `<pod>.<md>-nodes.<ns>.svc.<domain>` resolves to each pod
+    (`<md>-<role>-nodes` for prefill and decode pods)."""
+    if role == ENGINE_ROLE:
+        return f"{md_name}-nodes"
+    return f"{md_name}-{role}-nodes"
 
 
 def service_name(md_name: str) -> str:
@@ -53,9 +61,15 @@ def service_name(md_name: str) -> str:
     return md_name
 
 
-def service_host(md_name: str, namespace: str, cluster_domain: str) -> str:
-    return f"{service_name(md_name)}.{namespace}.svc.{cluster_domain}"
+def router_name(md_name: str) -> str:
+    """The router's Deployment and its ClusterIP Service (then `status.endpoint`)."""
+    return f"{md_name}-router"
 
 
-def pod_host(md_name: str, namespace: str, pod: str, cluster_domain: str) -> str:
-    return f"{pod}.{headless_service_name(md_name)}.{namespace}.svc.{cluster_domain}"
+def service_host(service: str, namespace: str, cluster_domain: str) -> str:
+    return f"{service}.{namespace}.svc.{cluster_domain}"
+
+
+def pod_host(md_name: str, namespace: str, pod: str, cluster_domain: str,
+             role: str = ENGINE_ROLE) -> str:
+    return f"{pod}.{headless_service_name(md_name, role)}.{namespace}.svc.{cluster_domain}"

@@ -8,6 +8,7 @@ the termination message).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -96,14 +97,24 @@ def _container_end(status: dict[str, Any]) -> ContainerEnd | None:
 
 @dataclass(frozen=True)
 class Observed:
-    """A ModelDeployment's pods and Services as listed by its instance label."""
+    """A ModelDeployment's pods, Services and Deployments (the router's) as listed by its
+    instance label; a Deployment by name with its `shoal.dev/template-hash` label."""
 
     pods: tuple[PodState, ...] = ()
     services: frozenset[str] = frozenset()
+    deployments: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_objects(cls, pods: list[dict[str, Any]],
-                     services: list[dict[str, Any]]) -> Observed:
+    def from_objects(cls, pods: list[dict[str, Any]], services: list[dict[str, Any]],
+                     deployments: Sequence[dict[str, Any]] = ()) -> Observed:
         parsed = (PodState.from_object(p) for p in pods)
         return cls(pods=tuple(p for p in parsed if p is not None),
-                   services=frozenset(s["metadata"]["name"] for s in services))
+                   services=frozenset(s["metadata"]["name"] for s in services),
+                   deployments=tuple(sorted(
+                       (d["metadata"]["name"],
+                        (d["metadata"].get("labels") or {}).get(names.TEMPLATE_HASH, ""))
+                       for d in deployments)))
+
+    def deployment_hash(self, name: str) -> str | None:
+        """The template hash of the Deployment of that name; None when there is none."""
+        return dict(self.deployments).get(name)

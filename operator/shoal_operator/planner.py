@@ -1,8 +1,9 @@
 """The planner: (ModelDeployment, observed pods and Services, now) -> actions. Pure; every
 decision the operator makes is made here.
 
-One pass, reading nothing but its arguments:
-1. the two Services exist;
+One pass, reading nothing but its arguments, for each role the spec runs (colocated `engine`
+groups, or `prefill` and `decode` groups; a role it no longer runs has no replicas):
+1. the Services exist (and the router's Deployment is as the spec says, or gone);
 2. each desired group (replica 0 .. replicas-1) is judged: pods of an older incarnation are
    deleted; a group whose pod ended is restarted (after backoff) or marked Failed
    (failures.py); a group past its backoff gets its missing pods;
@@ -28,10 +29,13 @@ from typing import Any
 from shoal_operator import builders, names
 from shoal_operator.actions import (
     Action,
+    CreateDeployment,
     CreatePods,
     CreateService,
     DeletePods,
+    DeleteRouter,
     EmitEvent,
+    PatchDeployment,
     PodRef,
     ReplaceStatus,
 )
@@ -40,7 +44,7 @@ from shoal_operator.config import OperatorConfig
 from shoal_operator.failures import Fail, Restart, Wait, judge
 from shoal_operator.observed import Observed, PodState
 from shoal_operator.rollout import GroupHealth, groups_to_replace, surge_replicas
-from shoal_operator.spec import ModelDeployment
+from shoal_operator.spec import ModelDeployment, Role
 from shoal_operator.status import (
     GroupRecord,
     format_deadline,
@@ -50,8 +54,6 @@ from shoal_operator.status import (
 )
 
 FAILED_GROUP_GRACE_S = 5  # a failed group's pods go quickly: nothing there is worth a drain
-UNSUPPORTED_DISAGGREGATION = ("spec.disaggregation is not deployed by this operator version; "
-                              "only colocated groups (spec.replicas) run")
 
 
 @dataclass(frozen=True)
@@ -80,40 +82,55 @@ class _Pass:
     def __init__(self, md: ModelDeployment, observed: Observed, now: datetime,
                  config: OperatorConfig) -> None:
         self.md, self.now, self.config = md, now, config
-        self.target_hash = builders.template_hash(md, config)
+        self.observed = observed
         self.services = observed.services
         self.pods: dict[str, list[PodState]] = {}
         self.taken = {p.name for p in observed.pods}  # stable names: wait until one is gone
         for pod in observed.pods:
-            if pod.owner_uid == md.uid and pod.role == names.ENGINE_ROLE:
+            if pod.owner_uid == md.uid and pod.role in names.SERVER_ROLES:
                 self.pods.setdefault(pod.group, []).append(pod)
+        self.role = md.spec.colocated  # the role being planned (run() goes through them)
+        self.target_hash = ""
         self.restarts_by_reason = Counter(md.status.restarts_by_reason)
         self.events: list[EmitEvent] = []
-        self.deletes: list[DeletePods] = []
+        self.deletes: list[DeletePods | DeleteRouter] = []
         self.creates: list[Action] = []
         self.waits: list[float] = []
 
     def run(self) -> Plan:
-        spec = self.md.spec
         self._ensure_services()
-        desired = [self._group(r) for r in range(spec.replicas)]
-        surge_exists = any(self._replica_of(g) >= spec.replicas for g in self._known_groups())
-        surge = surge_replicas([self._health(v) for v in desired], surge_exists, spec.replicas,
-                               spec.rollout)
-        kept = desired + [self._group(r) for r in surge]
-        kept = self._roll(kept)
-        retiring = self._retire({v.record.replica for v in kept})
-        status = self._status(kept, retiring)
+        self._ensure_router()
+        kept: list[GroupView] = []
+        desired: list[GroupView] = []
+        retiring: list[GroupRecord] = []
+        for name in names.SERVER_ROLES:
+            role = self.md.spec.role(name)
+            role_kept, role_retiring = self._plan_role(role)
+            kept += role_kept
+            desired += [v for v in role_kept if v.record.replica < role.replicas]
+            retiring += role_retiring
+        status = self._status(kept, desired, retiring)
         actions: list[Action] = [*self.events]
         if status != self.md.status.raw:
             actions.append(ReplaceStatus(status))
         actions += [*self.deletes, *self.creates]
         return Plan(tuple(actions), min(self.waits, default=None))
 
+    def _plan_role(self, role: Role) -> tuple[list[GroupView], list[GroupRecord]]:
+        """The groups of one role kept (desired and surge), and those retiring."""
+        self.role = role
+        self.target_hash = builders.template_hash(self.md, self.config, role)
+        desired = [self._group(r) for r in range(role.replicas)]
+        surge_exists = any(self._replica_of(g) >= role.replicas for g in self._known_groups())
+        surge = surge_replicas([self._health(v) for v in desired], surge_exists, role.replicas,
+                               self.md.spec.rollout)
+        kept = self._roll(desired + [self._group(r) for r in surge])
+        return kept, self._retire({v.record.replica for v in kept})
+
     # -- groups ------------------------------------------------------------------------------
 
     def _group(self, replica: int) -> GroupView:
-        name = names.group_name(self.md.name, names.ENGINE_ROLE, replica)
+        name = names.group_name(self.md.name, self.role.name, replica)
         pods = self.pods.get(name, [])
         record = self._record(name, replica, pods)
         stale = [p for p in pods if p.incarnation < record.incarnation]
@@ -144,7 +161,7 @@ class _Pass:
     def _record(self, name: str, replica: int, pods: list[PodState]) -> GroupRecord:
         """The group's record, reconciled with what its pods and the generation say."""
         record = self.md.status.group(name) or GroupRecord(
-            name=name, role=names.ENGINE_ROLE, replica=replica, generation=self.md.generation)
+            name=name, role=self.role.name, replica=replica, generation=self.md.generation)
         newest = max((p.incarnation for p in pods), default=0)
         if newest > record.incarnation:  # the status was lost or is behind its pods
             record = replace(record, incarnation=newest)
@@ -160,7 +177,7 @@ class _Pass:
               phase: str | None = None) -> GroupView:
         """The group as its current pods show it; Ready or Pending unless `phase` says."""
         live = tuple(p for p in current if p.live)
-        complete = len(live) == self.md.spec.engine.nnodes
+        complete = len(live) == self.role.engine.nnodes
         ready = complete and all(p.ready for p in live)
         outdated = any(p.template_hash != self.target_hash for p in live)
         record = record.with_phase(phase or ("Ready" if ready else "Pending"))
@@ -206,9 +223,9 @@ class _Pass:
         present = {p.node_rank for p in current}
         pods = tuple(
             builders.build_pod(self.md, self.config, record.replica, rank, record.incarnation,
-                               self.target_hash)
-            for rank in range(self.md.spec.engine.nnodes)
-            if rank not in present and names.pod_name(self.md.name, names.ENGINE_ROLE,
+                               self.target_hash, self.role)
+            for rank in range(self.role.engine.nnodes)
+            if rank not in present and names.pod_name(self.md.name, self.role.name,
                                                       record.replica, rank) not in self.taken)
         if pods:
             self.creates.append(CreatePods(record.name, pods))
@@ -221,7 +238,7 @@ class _Pass:
 
     def _roll(self, kept: list[GroupView]) -> list[GroupView]:
         """Delete the outdated groups the rollout allows now, in its order."""
-        chosen = groups_to_replace([self._health(v) for v in kept], self.md.spec.replicas,
+        chosen = groups_to_replace([self._health(v) for v in kept], self.role.replicas,
                                    self.md.spec.rollout)
         views = {v.record.replica: v for v in kept}
         for replica in chosen:
@@ -231,7 +248,9 @@ class _Pass:
         return [views[v.record.replica] for v in kept]
 
     def _known_groups(self) -> set[str]:
-        return set(self.pods) | {g.name for g in self.md.status.groups}
+        """The groups of the role being planned, by their pods or their records."""
+        return ({g for g, pods in self.pods.items() if pods[0].role == self.role.name}
+                | {g.name for g in self.md.status.groups if g.role == self.role.name})
 
     def _replica_of(self, group: str) -> int:
         record = self.md.status.group(group)
@@ -251,23 +270,23 @@ class _Pass:
             self._delete(name, pods, None, "scaled down")
             if pods:
                 record = self.md.status.group(name) or GroupRecord(
-                    name=name, role=names.ENGINE_ROLE, replica=replica)
+                    name=name, role=self.role.name, replica=replica)
                 retiring.append(record.with_phase("Terminating"))
         return retiring
 
     # -- status ------------------------------------------------------------------------------
 
-    def _status(self, kept: list[GroupView], retiring: list[GroupRecord]) -> dict[str, Any]:
+    def _status(self, kept: list[GroupView], desired: list[GroupView],
+                retiring: list[GroupRecord]) -> dict[str, Any]:
         spec, md = self.md.spec, self.md
-        desired = [v for v in kept if v.record.replica < spec.replicas]
         failed = tuple(v.record for v in desired if v.record.failed)
         settled = (all(self._health(v).settled for v in desired) and len(kept) == len(desired)
                    and not retiring)
         summary = Summary(
-            replicas=spec.replicas, ready=sum(v.ready for v in kept),
+            replicas=sum(r.replicas for r in spec.roles()), ready=sum(v.ready for v in kept),
             max_unavailable=spec.rollout.max_unavailable, failed=failed, settled=settled,
-            progress=_progress(kept, desired, retiring),
-            unsupported=UNSUPPORTED_DISAGGREGATION if spec.disaggregation else None)
+            progress=_progress(kept, desired, retiring))
+        endpoint = names.router_name(md.name) if spec.router else names.service_name(md.name)
         return {
             "observedGeneration": md.generation,
             "phase": phase(summary),
@@ -277,7 +296,7 @@ class _Pass:
             "restarts": sum(self.restarts_by_reason.values()),
             "restartsByReason": dict(sorted(self.restarts_by_reason.items())),
             "selector": builders.selector_string(builders.serving_selector(md.name)),
-            "endpoint": f"{names.service_host(md.name, md.namespace, self.config.cluster_domain)}"
+            "endpoint": f"{names.service_host(endpoint, md.namespace, self.config.cluster_domain)}"
                         f":{names.HTTP_PORT}",
             "groups": [v.record.to_dict() for v in kept] + [r.to_dict() for r in retiring],
             "conditions": conditions(summary, md.status, md.generation, self.now),
@@ -286,10 +305,29 @@ class _Pass:
     # -- actions -----------------------------------------------------------------------------
 
     def _ensure_services(self) -> None:
-        for service in (builders.build_headless_service(self.md),
-                        builders.build_service(self.md)):
+        services = [builders.build_headless_service(self.md, r.name)
+                    for r in self.md.spec.roles()]
+        services.append(builders.build_service(self.md))
+        if self.md.spec.router:
+            services.append(builders.build_router_service(self.md))
+        for service in services:
             if service["metadata"]["name"] not in self.services:
                 self.creates.append(CreateService(service))
+
+    def _ensure_router(self) -> None:
+        """The router's Deployment as the spec says (created, or patched when its template
+        hash changed), or, without spec.router, no router."""
+        name = names.router_name(self.md.name)
+        stored = self.observed.deployment_hash(name)
+        if self.md.spec.router is None:
+            if stored is not None or name in self.services:
+                self.deletes.append(DeleteRouter(name))
+            return
+        deployment = builders.build_router_deployment(self.md, self.config)
+        if stored is None:
+            self.creates.append(CreateDeployment(deployment))
+        elif stored != deployment["metadata"]["labels"][names.TEMPLATE_HASH]:
+            self.creates.append(PatchDeployment(deployment))
 
     def _delete(self, group: str, pods: list[PodState], grace: int | None, why: str) -> None:
         gone = tuple(PodRef(p.name, p.uid) for p in pods if not p.terminating)

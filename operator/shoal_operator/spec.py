@@ -6,10 +6,11 @@ keeps the planner independent of how the object was stored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shoal.lifecycle import Reason
+from shoal_operator import names
 from shoal_operator.status import RecordedStatus
 
 RECREATABLE = (Reason.WATCHDOG, Reason.CONSENSUS, Reason.PEER_LOST, Reason.CRASH, Reason.OOM)
@@ -56,6 +57,23 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Role:
+    """One kind of group: colocated servers (`engine`: spec.engine, spec.replicas), or the
+    prefill or decode servers of spec.disaggregation (spec.engine's args and env, the role's
+    own replicas, tp, pp, nnodes and resources)."""
+
+    name: str
+    replicas: int
+    engine: Engine
+
+
+@dataclass(frozen=True)
+class Router:
+    replicas: int = 1
+    policy: str = "cache_aware"
+
+
+@dataclass(frozen=True)
 class Spec:
     image: str
     model: Model = Model()
@@ -64,8 +82,22 @@ class Spec:
     restart_policy: RestartPolicy = RestartPolicy()
     rollout: Rollout = Rollout()
     pod_template: dict[str, Any] = field(default_factory=dict)
-    disaggregation: dict[str, Any] | None = None  # accepted by the schema; not deployed yet
-    router: dict[str, Any] | None = None  # accepted by the schema; not deployed yet
+    disaggregation: tuple[Role, Role] | None = None  # prefill, decode
+    router: Router | None = None
+
+    @property
+    def colocated(self) -> Role:
+        return Role(names.ENGINE_ROLE, self.replicas, self.engine)
+
+    def roles(self) -> tuple[Role, ...]:
+        """The groups to run: prefill and decode groups when disaggregated (then no colocated
+        ones), else colocated groups."""
+        return self.disaggregation or (self.colocated,)
+
+    def role(self, name: str) -> Role:
+        """A role by name; one the spec does not run has no replicas."""
+        found = {r.name: r for r in self.roles()}
+        return found.get(name) or Role(name, 0, self.engine)
 
 
 @dataclass(frozen=True)
@@ -97,15 +129,16 @@ def parse_spec(raw: dict[str, Any], default_image: str) -> Spec:
     backoff = policy.get("backoff") or {}
     rollout = raw.get("rollout") or {}
     defaults = RestartPolicy()
+    engine_spec = Engine(tp=int(engine.get("tp", 1)), pp=int(engine.get("pp", 1)),
+                         nnodes=int(engine.get("nnodes", 1)),
+                         args=tuple(str(a) for a in engine.get("args") or ()),
+                         env=tuple(engine.get("env") or ()),
+                         resources=dict(engine.get("resources") or {}))
     return Spec(
         image=raw.get("image") or default_image,
         model=Model(path=model.get("path"), served_name=model.get("servedName"),
                     volume=model.get("volume")),
-        engine=Engine(tp=int(engine.get("tp", 1)), pp=int(engine.get("pp", 1)),
-                      nnodes=int(engine.get("nnodes", 1)),
-                      args=tuple(str(a) for a in engine.get("args") or ()),
-                      env=tuple(engine.get("env") or ()),
-                      resources=dict(engine.get("resources") or {})),
+        engine=engine_spec,
         replicas=int(raw.get("replicas", 1)),
         restart_policy=RestartPolicy(
             recreate_on=frozenset(Reason(r) for r in policy.get("recreateGroupOn", RECREATABLE)),
@@ -115,6 +148,25 @@ def parse_spec(raw: dict[str, Any], default_image: str) -> Spec:
         rollout=Rollout(max_unavailable=int(rollout.get("maxUnavailable", 1)),
                         max_surge=int(rollout.get("maxSurge", 0))),
         pod_template=dict(raw.get("podTemplate") or {}),
-        disaggregation=raw.get("disaggregation"),
-        router=raw.get("router"),
+        disaggregation=_disaggregation(raw.get("disaggregation"), engine_spec),
+        router=_router(raw.get("router")),
     )
+
+
+def _disaggregation(raw: dict[str, Any] | None, engine: Engine) -> tuple[Role, Role] | None:
+    if raw is None:
+        return None
+
+    def role(name: str) -> Role:
+        given = raw.get(name) or {}
+        return Role(name, int(given.get("replicas", 1)), replace(
+            engine, tp=int(given.get("tp", 1)), pp=int(given.get("pp", 1)),
+            nnodes=int(given.get("nnodes", 1)), resources=dict(given.get("resources") or {})))
+    return role(names.PREFILL_ROLE), role(names.DECODE_ROLE)
+
+
+def _router(raw: dict[str, Any] | None) -> Router | None:
+    if raw is None:
+        return None
+    return Router(replicas=int(raw.get("replicas", 1)),
+                  policy=str(raw.get("policy", Router.policy)))

@@ -28,7 +28,8 @@ OPERATOR_PERMISSIONS = frozenset(
     + [("shoal.dev", "modeldeployments/status", "update"),
        ("shoal.dev", "modeldeployments/finalizers", "update")]
     + [("", "pods", verb) for verb in ("list", "watch", "create", "delete")]
-    + [("", "services", verb) for verb in ("list", "create")]
+    + [("", "services", verb) for verb in ("list", "create", "delete")]
+    + [("apps", "deployments", verb) for verb in ("list", "create", "patch", "delete")]
     + [("", "events", "create")])
 
 

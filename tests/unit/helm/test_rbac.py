@@ -28,7 +28,8 @@ CLIENT_VERBS = {"get": "get", "read": "get", "list": "list", "create": "create",
                 "replace": "update", "patch": "patch", "delete": "delete"}
 CLIENT_RESOURCES = {"custom_object": (names.GROUP, names.PLURAL),
                     "custom_object_status": (names.GROUP, f"{names.PLURAL}/status"),
-                    "pod": ("", "pods"), "service": ("", "services"), "event": ("", "events")}
+                    "pod": ("", "pods"), "service": ("", "services"), "event": ("", "events"),
+                    "deployment": ("apps", "deployments")}
 # kopf handlers that keep state on their resource: a finalizer (and annotations) it patches
 STATEFUL_HANDLERS = {"daemon", "timer", "create", "update", "delete", "resume", "field"}
 OWNER_REFERENCES = (names.GROUP, f"{names.PLURAL}/finalizers", "update")

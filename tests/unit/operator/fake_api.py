@@ -13,10 +13,13 @@ from typing import Any
 from shoal_operator import names
 from shoal_operator.actions import (
     Action,
+    CreateDeployment,
     CreatePods,
     CreateService,
     DeletePods,
+    DeleteRouter,
     EmitEvent,
+    PatchDeployment,
     ReplaceStatus,
 )
 from shoal_operator.observed import Observed
@@ -30,6 +33,7 @@ class FakeApi:
         self.body = md_body(spec)
         self.pods: dict[str, dict[str, Any]] = {}
         self.services: dict[str, dict[str, Any]] = {}
+        self.deployments: dict[str, dict[str, Any]] = {}
         self.events: dict[str, dict[str, Any]] = {}
         self.created: list[str] = []  # every pod creation, in order
         self._uids = itertools.count(1)
@@ -41,7 +45,8 @@ class FakeApi:
 
     def observed(self) -> Observed:
         return Observed.from_objects(copy.deepcopy(list(self.pods.values())),
-                                     list(self.services.values()))
+                                     list(self.services.values()),
+                                     list(self.deployments.values()))
 
     def plan(self, now: datetime) -> Plan:
         return plan(self.md(), self.observed(), now, CONFIG)
@@ -62,6 +67,15 @@ class FakeApi:
             self.events.setdefault(action.event["metadata"]["name"], action.event)
         elif isinstance(action, CreateService):
             self.services.setdefault(action.service["metadata"]["name"], action.service)
+        elif isinstance(action, CreateDeployment):
+            self.deployments.setdefault(action.deployment["metadata"]["name"],
+                                        copy.deepcopy(action.deployment))
+        elif isinstance(action, PatchDeployment):
+            self.deployments[action.deployment["metadata"]["name"]] = copy.deepcopy(
+                action.deployment)
+        elif isinstance(action, DeleteRouter):
+            self.deployments.pop(action.name, None)
+            self.services.pop(action.name, None)
         elif isinstance(action, CreatePods):
             for template in action.pods:
                 name = template["metadata"]["name"]

@@ -263,11 +263,3 @@ def test_a_pod_ended_without_container_status_is_a_crash() -> None:
     api.pods["llm-0-0"]["status"] = pod["status"]
     api.step(Clock().now)
     assert api.status["restartsByReason"] == {"crash": 1}
-
-
-def test_disaggregation_is_reported_as_not_deployed() -> None:
-    api = FakeApi({**TWO_NODES, "disaggregation": {"prefill": {"replicas": 1}}})
-    api.converge(Clock().now)
-    degraded = api.condition("Degraded")
-    assert degraded["status"] == "True" and degraded["reason"] == "Unsupported"
-    assert api.status["readyReplicas"] == 1  # the colocated groups still run
