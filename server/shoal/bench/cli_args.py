@@ -23,16 +23,20 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                              "(SGLang/vLLM too), transformers a generation_config with EOS off, "
                              "openai neither; auto: the first one the warmup request is "
                              "accepted with")
-    parser.add_argument("--dataset", default="random", choices=("random", "shared-prefix"))
+    parser.add_argument("--dataset", default="random",
+                        choices=("random", "shared-prefix", "tenants"))
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128,
                         help="prompt tokens per request (random dataset)")
     parser.add_argument("--output-len", type=int, default=128,
                         help="output tokens per request (max_tokens, EOS ignored)")
     parser.add_argument("--prefix-len", type=int, default=1024,
-                        help="shared prefix tokens (shared-prefix dataset)")
+                        help="shared prefix tokens (shared-prefix dataset; each tenant's "
+                             "system prompt: tenants dataset)")
     parser.add_argument("--suffix-len", type=int, default=32,
-                        help="unique suffix tokens per request (shared-prefix dataset)")
+                        help="unique suffix tokens per request (shared-prefix, tenants)")
+    parser.add_argument("--num-tenants", type=int, default=8,
+                        help="tenants, each with its own system prompt (tenants dataset)")
     parser.add_argument("--max-concurrency", type=int, default=None,
                         help="most requests in flight (default: unlimited)")
     parser.add_argument("--request-rate", type=float, default=math.inf,

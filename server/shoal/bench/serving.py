@@ -42,6 +42,7 @@ from shoal.bench.datasets import (
     random_prompts,
     shared_prefix_prompts,
 )
+from shoal.bench.tenants import tenant_prompts
 
 PERCENTILES = (50, 90, 99)
 MAX_REPORTED_ERRORS = 20
@@ -59,6 +60,7 @@ class ServingConfig:
     output_len: int = 128
     prefix_len: int = 1024
     suffix_len: int = 32
+    num_tenants: int = 8
     max_concurrency: int | None = None
     request_rate: float = math.inf
     seed: int = 0
@@ -77,6 +79,7 @@ class RequestOutput:
     itl_s: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, served from the prefix cache (usage)
 
 
 # -- one request ----------------------------------------------------------------------------
@@ -138,6 +141,8 @@ async def send_request(client: httpx.AsyncClient, url: str,
     else:
         out.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         out.completion_tokens = int(usage.get("completion_tokens") or 0)
+        out.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                                or 0)
         out.ok = True
     return out
 
@@ -272,6 +277,8 @@ def summarize(outputs: list[RequestOutput], duration_s: float,
         "short_outputs": short,
         "total_input_tokens": input_tokens,
         "total_output_tokens": output_tokens,
+        "cache_hit_rate": (sum(o.cached_tokens for o in ok) / input_tokens
+                           if input_tokens else 0.0),
         "request_throughput": len(ok) / duration_s,
         "input_throughput": input_tokens / duration_s,
         "output_throughput": output_tokens / duration_s,
@@ -298,6 +305,7 @@ def format_report(result: dict[str, Any]) -> str:
         f"{'Benchmark duration (s):':<40}{result['duration_s']:.2f}",
         f"{'Total input tokens (usage):':<40}{result['total_input_tokens']}",
         f"{'Total output tokens (usage):':<40}{result['total_output_tokens']}",
+        f"{'Prefix cache hit rate (usage):':<40}{result['cache_hit_rate']:.3f}",
         f"{'Request throughput (req/s):':<40}{result['request_throughput']:.2f}",
         f"{'Input token throughput (tok/s):':<40}{result['input_throughput']:.2f}",
         f"{'Output token throughput (tok/s):':<40}{result['output_throughput']:.2f}",
@@ -322,6 +330,7 @@ def config_from_namespace(ns: argparse.Namespace) -> ServingConfig:
     checks = [(ns.num_prompts >= 1, "--num-prompts must be >= 1"),
               (ns.input_len >= 1 and ns.output_len >= 1, "--input-len/--output-len must be >= 1"),
               (ns.prefix_len >= 1 and ns.suffix_len >= 1, "--prefix-len/--suffix-len must be >= 1"),
+              (ns.num_tenants >= 1, "--num-tenants must be >= 1"),
               (ns.max_concurrency is None or ns.max_concurrency >= 1,
                "--max-concurrency must be >= 1"),
               (ns.request_rate > 0, "--request-rate must be > 0"),
@@ -336,7 +345,8 @@ def config_from_namespace(ns: argparse.Namespace) -> ServingConfig:
         base_url=ns.base_url, model=ns.model, tokenizer=ns.tokenizer, backend=ns.backend,
         dataset=ns.dataset, num_prompts=ns.num_prompts, input_len=ns.input_len,
         output_len=ns.output_len, prefix_len=ns.prefix_len, suffix_len=ns.suffix_len,
-        max_concurrency=ns.max_concurrency, request_rate=ns.request_rate, seed=ns.seed,
+        num_tenants=ns.num_tenants, max_concurrency=ns.max_concurrency,
+        request_rate=ns.request_rate, seed=ns.seed,
         warmup_requests=ns.warmup_requests, request_timeout_s=ns.request_timeout,
         extra_request_body=extra, show_progress=not ns.disable_progress)
 
@@ -358,6 +368,9 @@ def build_prompts(cfg: ServingConfig) -> tuple[list[Prompt], Prompt]:
     if cfg.dataset == "shared-prefix":
         prompts = shared_prefix_prompts(maker, cfg.num_prompts, cfg.prefix_len, cfg.suffix_len,
                                         cfg.output_len)
+    elif cfg.dataset == "tenants":
+        prompts = tenant_prompts(maker, cfg.num_prompts, cfg.num_tenants, cfg.prefix_len,
+                                 cfg.suffix_len, cfg.output_len)
     else:
         prompts = random_prompts(maker, cfg.num_prompts, cfg.input_len, cfg.output_len)
     maker.rng = random.Random(f"warmup-{cfg.seed}")
