@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from shoal.bench import llama_cpp
+from shoal.bench.suite_runs import display_argv
 
 FAKE_QUANTIZE = """#!/bin/sh
 # llama-quantize --allow-requantize SRC OUT TYPE: records its arguments, writes OUT
@@ -72,3 +73,11 @@ def test_server_has_one_slot_per_request_in_flight_and_continuous_batching() -> 
     assert opt["-m"] == "/m.gguf" and opt["--host"] == "127.0.0.1" and opt["--port"] == "8123"
     assert opt["-np"] == "32" and opt["-c"] == str(32 * 768) and opt["-t"] == "2"
     assert "--cont-batching" in argv
+
+
+def test_commands_are_shown_as_typed() -> None:
+    argv = llama_cpp.server_argv(Path("/b"), Path("/m.gguf"), 1, 1, 1, 10)
+    assert display_argv(argv)[:3] == ["llama-server", "-m", "/m.gguf"]
+    assert display_argv(["/v/bin/python3", "-m", "shoal", "serve"]) == ["shoal", "serve"]
+    assert display_argv(["/v/bin/python", "-m", "shoal.bench.hf_generate", "--seed", "0"]) == \
+        ["python", "-m", "shoal.bench.hf_generate", "--seed", "0"]

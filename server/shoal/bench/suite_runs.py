@@ -93,10 +93,8 @@ QUICK: dict[str, Any] = {
 
 def display_argv(argv: list[str]) -> list[str]:
     """`python -m shoal ...` as the user types it: `shoal ...`."""
-    if argv[1:3] == ["-m", "shoal"]:
-        return ["shoal", *argv[3:]]
-    if argv[1:2] == ["-m"]:
-        return ["python", *argv[1:]]
+    if Path(argv[0]).name.startswith("python") and argv[1:2] == ["-m"]:
+        return ["shoal", *argv[3:]] if argv[2:3] == ["shoal"] else ["python", *argv[1:]]
     return [Path(argv[0]).name, *argv[1:]]
 
 
