@@ -3,13 +3,16 @@ results."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shoal.bench import suite
 from shoal.bench.acceptance import acceptance
 from shoal.bench.report import KEEP_SECTION, plot_throughput, write_report
+from shoal.bench.servers import Server
 from shoal.bench.suite import _parser, config_from_args, random_args
 from shoal.bench.suite_runs import (
     LLAMA_F32,
@@ -139,6 +142,12 @@ def test_workloads_seeds_and_shapes() -> None:
     assert SuiteConfig().num_prompts(1) == 4 and SuiteConfig().num_prompts(64) == 64
 
 
+def test_phases_measure_what_the_ratios_read_first() -> None:
+    assert SuiteConfig().phase_order() == [1, 32, 16, 64, 4]
+    assert SuiteConfig(**QUICK).phase_order() == [1, 32, 4]
+    assert SuiteConfig(concurrencies=(2, 8), int8_concurrencies=(1,)).phase_order() == [1, 8, 2]
+
+
 def test_report_has_every_table_and_keeps_the_sections_after_where_the_time_goes(
         tmp_path: Path) -> None:
     md = tmp_path / "benchmarks.md"
@@ -188,3 +197,56 @@ def test_quick_and_override_flags() -> None:
     assert cfg.concurrencies == (1, 8) and cfg.output_len == 9 and not cfg.quick
     assert cfg.skip_llama_cpp and cfg.llama_cpp_threads == 1
     assert cfg.ratio_concurrency == 8  # 32 not run: the ratios use the highest concurrency
+
+
+class FakeServer(Server):
+    started: list[str] = []
+
+    def start(self) -> FakeServer:
+        FakeServer.started.append(self.name)
+        return self
+
+    def stop(self) -> None:
+        pass
+
+
+def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def fake_run(label: str, *rest: Any) -> Run:
+        calls.append(label)
+        return run(label, serving(1.0))
+
+    def fake_server(name: str) -> FakeServer:
+        return FakeServer(name, ["x"], {}, "http://127.0.0.1:1", tmp_path / "log")
+
+    monkeypatch.setattr(suite, "serving_run", fake_run)
+    monkeypatch.setattr(suite, "forward_run", fake_run)
+    monkeypatch.setattr(suite, "shoal_server", lambda _dir, name, *flags: fake_server(name))
+    monkeypatch.setattr(suite, "transformers_server", lambda name, *rest: fake_server(name))
+    monkeypatch.setattr(suite, "llama_server", lambda name, *rest: fake_server(name))
+    monkeypatch.setattr(suite.Suite, "generate", lambda self: None)
+    monkeypatch.setattr(suite.Suite, "llama_ggufs", lambda self: (Path("f32"), Path("q8")))
+    monkeypatch.setattr(suite.httpx, "post", lambda *a, **k: type("R", (), {"status_code": 200}))
+    FakeServer.started = []
+    cfg = SuiteConfig(concurrencies=(1, 4, 32), extra_shapes=((150, 64),),
+                      int8_concurrencies=(1,), shared_shapes=((256, 16),))
+    phases: list[int] = []
+    res = suite.Suite(cfg, tmp_path, Path("bin"),
+                      lambda r: phases.append(len(r.serving))).run()
+    assert calls == [
+        "forward-b1-before", "shoal-64x128-c1", "forward-b1-after", "llama-cpp-F32-64x128-c1",
+        "shoal-w8a16-64x128-c1", "llama-cpp-Q8-0-64x128-c1", "transformers-serve-CB-64x128-c1",
+        "forward-b32-before", "shoal-64x128-c32", "forward-b32-after", "shoal-150x64-c32",
+        "llama-cpp-F32-64x128-c32", "llama-cpp-F32-150x64-c32",
+        "transformers-serve-CB-64x128-c32", "transformers-serve-CB-150x64-c32",
+        "forward-b4-before", "shoal-64x128-c4", "forward-b4-after", "llama-cpp-F32-64x128-c4",
+        "transformers-serve-CB-64x128-c4",
+        "shoal-shared-prefix-256+16", "shoal-shared-prefix-256+16-no-radix",
+        "llama-cpp-F32-64x128-c1-t1", "llama-cpp-F32-64x128-c32-t1"]
+    # shoal, shoal w8a16 and transformers started once; a llama-server per phase and trial
+    assert FakeServer.started.count(SHOAL) == 1 and FakeServer.started.count(TRANSFORMERS) == 1
+    assert "llama.cpp F32 -np 32 -t 2" in FakeServer.started or os.cpu_count() != 2
+    assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
+    assert phases[0] == 0 and phases == sorted(phases) and len(phases) == 6

@@ -1,23 +1,22 @@
 """`make bench`: shoal (float32 and w8a16) vs llama.cpp's `llama-server` (F32 and Q8_0 of the
 same weights) vs `transformers serve --continuous-batching` vs the bare-forward ceiling.
 
-One run on one machine, the same workload for everyone, the most wanted ratios first:
+One run on one machine, the same workload for everyone:
     1. transformers `generate` at batch 1 (best of 1 thread and all cores);
-    2. `shoal serve`: at each concurrency c, the random dataset between two runs of
-       `shoal bench forward` at batch c (the server up and idle), the other random shapes at the
-       ratio concurrency, then the shared-prefix dataset at each prefix/suffix shape. The ceiling
-       is the mean of the runs just before and just after the serving run it is compared with:
-       what this shared 2-core host gives drifts by 10-30% within minutes;
-    3. `llama-server` on the F32 GGUF, one server per concurrency (`-np` = concurrency), the same
-       random workloads;
-    4. `shoal serve --quantization w8a16`, then `llama-server` on the Q8_0 GGUF: the main shape
-       at the int8 concurrencies;
-    5. `shoal serve --disable-radix-cache`: the shared-prefix shapes;
-    6. `transformers serve --continuous-batching`: the random workloads;
-    7. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
+    2. one phase per concurrency c, those the acceptance ratios read first (1, the ratio
+       concurrency, the int8 ones, then the rest): `shoal serve` on the random dataset between
+       two runs of `shoal bench forward` at batch c (the server up and idle: the ceiling is the
+       mean of the two, since what this shared 2-core host gives drifts by 10-30% within
+       minutes), and at the ratio concurrency the other random shapes; `llama-server` on the F32
+       GGUF with `-np` c, the same workloads; at the int8 concurrencies `shoal serve
+       --quantization w8a16` and `llama-server` on the Q8_0 GGUF; `transformers serve
+       --continuous-batching`, the same workloads as shoal;
+    3. the shared-prefix dataset at each prefix/suffix shape on shoal (cache flushed first), then
+       on `shoal serve --disable-radix-cache`;
+    4. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
 Writes docs/benchmarks.md (from its section "Where the time goes" to the end, an existing file
-is kept) and docs/benchmarks_throughput.png after each server, so that a run cut short leaves
+is kept) and docs/benchmarks_throughput.png after each phase, so that a run cut short leaves
 what it measured; raw JSON goes to --results-dir.
 
 `python -m shoal.bench.suite --quick` is a few-minute smoke version of the same run.
@@ -99,6 +98,12 @@ def random_label(system: str, shape: Shape, concurrency: int) -> str:
 
 
 class Suite:
+    """The run, one concurrency at a time (`SuiteConfig.phase_order`): every server measured at
+    that concurrency back to back, so that each ratio compares runs minutes apart on a host
+    whose load drifts, and a run cut short has whole comparisons. shoal's and transformers'
+    servers stay up across phases; a `llama-server` is started per phase (`-np` = concurrency).
+    `on_progress` runs after each phase."""
+
     def __init__(self, cfg: SuiteConfig, results: Path, llama_bin: Path | None,
                  on_progress: Callable[[SuiteResults], None] | None = None) -> None:
         self.cfg = cfg
@@ -108,8 +113,33 @@ class Suite:
         self.res = SuiteResults()
         self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
         self.llama_threads = cfg.llama_cpp_threads or os.cpu_count() or 1
+        self.up: dict[str, Server] = {}
+        self.failed: set[str] = set()
+
+    def progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.res)
+
+    def server(self, make: Callable[[], Server]) -> Server | None:
+        """A server that stays up until the run ends: started on first use; None if it would
+        not start."""
+        server = make()
+        if server.name in self.up:
+            return self.up[server.name]
+        if server.name in self.failed:
+            return None
+        self.res.servers[server.name] = server.command()
+        try:
+            self.up[server.name] = server.start()
+        except (RuntimeError, OSError, httpx.HTTPError) as exc:
+            self.failed.add(server.name)
+            self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
+            print(f"[suite] {exc}", file=sys.stderr)
+            return None
+        return server
 
     def serve(self, server: Server, body: Callable[[Server], None]) -> None:
+        """A server for `body` only."""
         self.res.servers[server.name] = server.command()
         try:
             server.start()
@@ -119,8 +149,6 @@ class Suite:
             print(f"[suite] {exc}", file=sys.stderr)
         finally:
             server.stop()
-        if self.on_progress is not None:
-            self.on_progress(self.res)
 
     def random(self, system: str, server: Server, shape: Shape, concurrency: int) -> None:
         self.res.serving[(system, shape, concurrency)] = serving_run(
@@ -134,33 +162,61 @@ class Suite:
         return body
 
     def run(self) -> SuiteResults:
-        """Each server in turn, most wanted ratios first; `on_progress` after each one."""
-        cfg, results = self.cfg, self.results
+        cfg = self.cfg
         self.generate()
-        self.serve(shoal_server(results, SHOAL), self.shoal_body)
+        self.progress()
         llama = self.llama_ggufs() if not cfg.skip_llama_cpp else None
-        if llama is not None:
-            for c in cfg.concurrencies:
-                self.llama_serve(LLAMA_F32, llama[0], c, self.llama_threads,
-                                 [w for w in cfg.workloads(cfg.concurrencies) if w[1] == c])
-        self.serve(shoal_server(results, SHOAL_INT8, "--quantization", "w8a16"),
-                   self.randoms(SHOAL_INT8, [(cfg.shape, c) for c in cfg.int8_concurrencies]))
-        if llama is not None:
-            for c in cfg.int8_concurrencies:
-                self.llama_serve(LLAMA_Q8, llama[1], c, self.llama_threads, [(cfg.shape, c)])
-        self.serve(shoal_server(results, f"{SHOAL} --disable-radix-cache",
+        try:
+            for c in cfg.phase_order():
+                self.phase(c, llama)
+                self.progress()
+            shoal = self.server(lambda: shoal_server(self.results, SHOAL))
+            if shoal is not None:
+                for shape in cfg.shared_shapes:
+                    self.shared_prefix(shoal, shape, radix=True)
+        finally:
+            for server in self.up.values():
+                server.stop()
+            self.up.clear()
+        self.serve(shoal_server(self.results, f"{SHOAL} --disable-radix-cache",
                                 "--disable-radix-cache"), self.no_radix_body)
-        if not cfg.skip_transformers:
-            model_path = str(model_store.prepare())
-            threads = cfg.transformers_threads or self.threads
-            self.serve(transformers_server(TRANSFORMERS, model_path, threads, results),
-                       self.randoms(TRANSFORMERS, cfg.workloads(cfg.concurrencies)))
+        self.progress()
         if llama is not None:
             for t in cfg.llama_cpp_thread_trials:
                 for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
                     if t != self.llama_threads:
                         self.llama_serve(LLAMA_F32, llama[0], c, t, [(cfg.shape, c)])
+            self.progress()
         return self.res
+
+    def phase(self, c: int, llama: tuple[Path, Path] | None) -> None:
+        """Every server at concurrency `c`."""
+        cfg, results = self.cfg, self.results
+        work = [w for w in cfg.workloads(cfg.concurrencies) if w[1] == c]
+        shoal = self.server(lambda: shoal_server(results, SHOAL)) if work else None
+        if shoal is not None:
+            for shape, _ in work:
+                if shape != cfg.shape:
+                    self.random(SHOAL, shoal, shape, c)
+                    continue
+                self.res.forward[c] = [forward_run(f"forward-b{c}-before", cfg, c, results)]
+                self.random(SHOAL, shoal, shape, c)
+                self.res.forward[c].append(forward_run(f"forward-b{c}-after", cfg, c, results))
+        if llama is not None and work:
+            self.llama_serve(LLAMA_F32, llama[0], c, self.llama_threads, work)
+        if c in cfg.int8_concurrencies:
+            int8 = self.server(lambda: shoal_server(results, SHOAL_INT8, "--quantization",
+                                                    "w8a16"))
+            if int8 is not None:
+                self.random(SHOAL_INT8, int8, cfg.shape, c)
+            if llama is not None:
+                self.llama_serve(LLAMA_Q8, llama[1], c, self.llama_threads, [(cfg.shape, c)])
+        if work and not cfg.skip_transformers:
+            threads = cfg.transformers_threads or self.threads
+            hf = self.server(lambda: transformers_server(
+                TRANSFORMERS, str(model_store.prepare()), threads, results))
+            if hf is not None:
+                self.randoms(TRANSFORMERS, work)(hf)
 
     def generate(self) -> None:
         cfg = self.cfg
@@ -171,18 +227,6 @@ class Suite:
                 str(cfg.input_len), "--output-len", str(cfg.output_len), "--num-threads", str(n),
                 "--repeats", str(cfg.generate_repeats), "--seed", str(cfg.seed),
                 "--output-file", str(out)], out).execute())
-
-    def shoal_body(self, server: Server) -> None:
-        cfg, res = self.cfg, self.res
-        for shape, c in cfg.workloads(cfg.concurrencies):
-            if shape != cfg.shape:
-                self.random(SHOAL, server, shape, c)
-                continue
-            res.forward[c] = [forward_run(f"forward-b{c}-before", cfg, c, self.results)]
-            self.random(SHOAL, server, shape, c)
-            res.forward[c].append(forward_run(f"forward-b{c}-after", cfg, c, self.results))
-        for shape in cfg.shared_shapes:
-            self.shared_prefix(server, shape, radix=True)
 
     def no_radix_body(self, server: Server) -> None:
         for shape in self.cfg.shared_shapes:
@@ -216,7 +260,6 @@ class Suite:
                     work: list[tuple[Shape, int]]) -> None:
         assert self.llama_bin is not None
         cfg = self.cfg
-        main_threads = threads == self.llama_threads
         name = f"{system} -np {concurrency} -t {threads}"
         max_tokens = max(i + o for (i, o), _ in work)
 
@@ -228,7 +271,7 @@ class Suite:
 
         self.serve(llama_server(name, self.llama_bin, gguf, concurrency, threads, max_tokens,
                                 self.results),
-                   self.randoms(system, work) if main_threads else trial)
+                   self.randoms(system, work) if threads == self.llama_threads else trial)
 
 
 # -- command line ---------------------------------------------------------------------------

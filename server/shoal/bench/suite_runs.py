@@ -73,6 +73,13 @@ class SuiteConfig:
             runs += [(s, self.ratio_concurrency) for s in self.shapes[1:]]
         return runs
 
+    def phase_order(self) -> list[int]:
+        """Concurrencies in the order the suite measures them: 1 and the ratio concurrency
+        first, then the int8 ones, then the rest from the highest."""
+        def key(c: int) -> tuple[bool, bool, bool, int]:
+            return (c != 1, c != self.ratio_concurrency, c not in self.int8_concurrencies, -c)
+        return sorted(set(self.concurrencies) | set(self.int8_concurrencies), key=key)
+
     def seed_for(self, shape: Shape, concurrency: int) -> int:
         """A seed per workload: with one seed a run would resend the start of another run's
         prompts, and a prefix cache would skip their prefill."""
