@@ -85,8 +85,9 @@ class Kube:
             _create(lambda: self.apps.create_namespaced_deployment(namespace,
                                                                    action.deployment))
         elif isinstance(action, PatchDeployment):
-            self.apps.patch_namespaced_deployment(action.deployment["metadata"]["name"],
-                                                  namespace, action.deployment)
+            self.apps.patch_namespaced_deployment(  # lists are replaced whole
+                action.deployment["metadata"]["name"], namespace, action.deployment,
+                _content_type="application/merge-patch+json")
         elif isinstance(action, DeleteRouter):
             _delete(lambda: self.apps.delete_namespaced_deployment(action.name, namespace))
             _delete(lambda: self.core.delete_namespaced_service(action.name, namespace))
