@@ -1,7 +1,8 @@
 """The api process's FastAPI app over one `TokenizerManager`: every route, in one place.
 
 Routes: OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/models[/{id}]`;
-`openai_serving.py`; `/v1/responses`: `responses_serving.py`), native (`/generate`,
+`openai_serving.py`; `/v1/responses`: `responses_serving.py`; `/v1/embeddings`:
+`embeddings_serving.py`), native (`/generate`,
 `/abort_request`; `native_serving.py`), and operations
 (`/health`, `/health_generate`, `/server_info`, `/flush_cache`, `/metrics`). With `--api-key`,
 every route but `/health*` needs `Authorization: Bearer <key>` (`auth.py`). With
@@ -24,6 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from shoal import __version__
 from shoal.api.auth import APIKeyMiddleware
 from shoal.api.backpressure import BackpressureMiddleware
+from shoal.api.embeddings_protocol import EmbeddingRequest, EmbeddingResponse
+from shoal.api.embeddings_serving import EmbeddingServing
 from shoal.api.errors import APIError, bad_request, error_response, install_error_handlers
 from shoal.api.native_serving import NativeServing
 from shoal.api.openai_serving import OpenAIServing
@@ -59,6 +62,7 @@ def create_app(args: ServerArgs, tokenizer_manager: TokenizerManager) -> FastAPI
     if args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
     _add_openai_routes(app, OpenAIServing(tm), ResponsesServing(tm))
+    _add_embedding_routes(app, EmbeddingServing(tm))
     _add_native_routes(app, NativeServing(tm))
     _add_info_routes(app, args, tm)
     return app
@@ -93,6 +97,12 @@ def _add_openai_routes(app: FastAPI, serving: OpenAIServing,
     async def retrieve_model(model_id: str) -> dict[str, Any]:
         serving.tm.check_model(model_id)
         return model_card()
+
+
+def _add_embedding_routes(app: FastAPI, serving: EmbeddingServing) -> None:
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest) -> EmbeddingResponse:
+        return await serving.create(req)
 
 
 def _add_native_routes(app: FastAPI, serving: NativeServing) -> None:

@@ -11,6 +11,7 @@ from shoal.api.tokenizer_manager import TokenizerManager
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.lifecycle import StartupFailed, exit_on_sigterm
 from shoal.models import ModelConfig
+from shoal.models.bert import BertConfig, is_encoder_model
 from shoal.tokenizer import load_tokenizer_or_fail, resolve_model_path
 
 
@@ -33,7 +34,8 @@ def with_context_length(args: ServerArgs, model_path: str) -> ServerArgs:
     if args.context_length is not None:
         return args
     try:
-        config = ModelConfig.from_pretrained(model_path)
+        config = (BertConfig.from_pretrained(model_path) if is_encoder_model(model_path)
+                  else ModelConfig.from_pretrained(model_path))
     except (OSError, ValueError) as exc:
         raise StartupFailed(f"cannot read the model config of {model_path}: {exc}") from exc
     return dataclasses.replace(args, context_length=config.max_position_embeddings)

@@ -25,11 +25,13 @@ import zmq.asyncio
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
+from shoal.api.embedding_client import EmbeddingClient
 from shoal.api.errors import APIError, bad_request
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.ipc import sockets
 from shoal.ipc.messages import (
     AbortReq,
+    BatchEmbeddingOut,
     BatchStrOut,
     BootstrapInfo,
     ComponentReady,
@@ -152,6 +154,7 @@ class TokenizerManager:
         self._pending_replies: dict[str, asyncio.Future[ControlReply]] = {}
         self._token_texts: dict[int, str] = {}
         self.metrics = RequestMetrics() if args.enable_metrics else None
+        self.embeddings = EmbeddingClient(self._send)
 
     # ---- lifecycle and readiness ----------------------------------------------------------------
 
@@ -193,6 +196,18 @@ class TokenizerManager:
     def context_length(self) -> int | None:
         return self._scheduler_limit("context_length")
 
+    @property
+    def embedding_dimensions(self) -> int:
+        """The size of the served model's embeddings; 0 for a generation model (or while the
+        scheduler has not reported)."""
+        return getattr(self.ready.get("scheduler"), "embedding_dimensions", 0)
+
+    def check_generates(self) -> None:
+        """An embedding model's server refuses generation requests."""
+        if self.embedding_dimensions:
+            raise bad_request(f"The model `{self.model_name}` is an embedding model: it "
+                              "computes embeddings (/v1/embeddings), not completions.", "model")
+
     def limits(self) -> dict[str, int | None]:
         return {name: self._scheduler_limit(name)
                 for name in ("context_length", "max_total_tokens", "max_running_requests")}
@@ -203,6 +218,7 @@ class TokenizerManager:
         return self.tokenizer.encode(text)
 
     def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        self.check_generates()
         try:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                       tokenize=False)
@@ -258,6 +274,7 @@ class TokenizerManager:
         """
         self.start()
         self.check_ready()
+        self.check_generates()
         rid = rid or uuid.uuid4().hex
         if rid in self.rid_to_state:
             raise bad_request(f"Request id {rid!r} is already in use.", "rid")
@@ -331,16 +348,21 @@ class TokenizerManager:
             self.abort(rid)
 
     async def health_generate(self, timeout_s: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
-        """True when a one-token generation finishes within the timeout (or, under load, when
-        outputs keep arriving)."""
+        """True when a one-token generation (an embedding model: a one-token embedding)
+        finishes within the timeout (or, under load, when outputs keep arriving)."""
         if not self.is_ready:
             return False
-        if self.rid_to_state and time.monotonic() - self.last_receive_time < timeout_s:
+        busy = self.rid_to_state or self.embeddings.num_pending
+        if busy and time.monotonic() - self.last_receive_time < timeout_s:
             return True
         sampling = SamplingParams(max_new_tokens=1, temperature=0.0)
         try:
             async with asyncio.timeout(timeout_s):
-                await self.generate_full([0], sampling, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
+                if self.embedding_dimensions:
+                    await self.embeddings.embed([[0]])
+                else:
+                    await self.generate_full([0], sampling,
+                                             rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
         except (TimeoutError, APIError) as exc:
             logger.warning("health generation failed: %r", exc)
             return False
@@ -389,6 +411,8 @@ class TokenizerManager:
         elif isinstance(message, ComponentReady):
             logger.info("component ready: %s", message)
             self.ready[message.component] = message
+        elif isinstance(message, BatchEmbeddingOut):
+            self.embeddings.route(message)
         elif isinstance(message, ControlReply):
             future = self._pending_replies.get(message.rid)
             if future is not None and not future.done():
