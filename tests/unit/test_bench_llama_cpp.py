@@ -67,16 +67,17 @@ def test_slot_context_holds_prompt_output_and_margin() -> None:
 
 
 def test_server_has_one_slot_per_request_in_flight_and_continuous_batching() -> None:
-    argv = llama_cpp.server_argv(Path("/b"), Path("/m.gguf"), 8123, 32, 2, 544)
+    argv = llama_cpp.server_argv(Path("/b"), Path("/m.gguf"), 8123, 32, 1, 2, 544)
     assert argv[0] == "/b/llama-server"
     opt = {a: b for a, b in zip(argv, argv[1:])}
     assert opt["-m"] == "/m.gguf" and opt["--host"] == "127.0.0.1" and opt["--port"] == "8123"
-    assert opt["-np"] == "32" and opt["-c"] == str(32 * 768) and opt["-t"] == "2"
+    assert opt["-np"] == "32" and opt["-c"] == str(32 * 768)
+    assert opt["-t"] == "1" and opt["-tb"] == "2"
     assert "--cont-batching" in argv
 
 
 def test_commands_are_shown_as_typed() -> None:
-    argv = llama_cpp.server_argv(Path("/b"), Path("/m.gguf"), 1, 1, 1, 10)
+    argv = llama_cpp.server_argv(Path("/b"), Path("/m.gguf"), 1, 1, 1, 1, 10)
     assert display_argv(argv)[:3] == ["llama-server", "-m", "/m.gguf"]
     assert display_argv(["/v/bin/python3", "-m", "shoal", "serve"]) == ["shoal", "serve"]
     assert display_argv(["/v/bin/python", "-m", "shoal.bench.hf_generate", "--seed", "0"]) == \

@@ -142,6 +142,13 @@ def test_workloads_seeds_and_shapes() -> None:
     assert SuiteConfig().num_prompts(1) == 4 and SuiteConfig().num_prompts(64) == 64
 
 
+def test_llama_cpp_threads_follow_shoals_decode_and_try_the_docs_choice() -> None:
+    assert SuiteConfig().llama_threads(2) == 1 and SuiteConfig().llama_thread_trials(2) == [2]
+    assert SuiteConfig().llama_threads(16) == 15 and SuiteConfig().llama_thread_trials(16) == [16]
+    assert SuiteConfig(llama_cpp_threads=2).llama_thread_trials(2) == []
+    assert SuiteConfig(llama_cpp_thread_trials=(1, 4)).llama_thread_trials(2) == [4]
+
+
 def test_phases_measure_what_the_ratios_read_first() -> None:
     assert SuiteConfig().phase_order() == [1, 32, 16, 64, 4]
     assert SuiteConfig(**QUICK).phase_order() == [1, 32, 4]
@@ -231,7 +238,8 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     monkeypatch.setattr(suite.httpx, "post", lambda *a, **k: type("R", (), {"status_code": 200}))
     FakeServer.started = []
     cfg = SuiteConfig(concurrencies=(1, 4, 32), extra_shapes=((150, 64),),
-                      int8_concurrencies=(1,), shared_shapes=((256, 16),))
+                      int8_concurrencies=(1,), shared_shapes=((256, 16),), llama_cpp_threads=1,
+                      llama_cpp_thread_trials=(2,))
     phases: list[int] = []
     res = suite.Suite(cfg, tmp_path, Path("bin"),
                       lambda r: phases.append(len(r.serving))).run()
@@ -244,9 +252,9 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
         "forward-b4-before", "shoal-64x128-c4", "forward-b4-after", "llama-cpp-F32-64x128-c4",
         "transformers-serve-CB-64x128-c4",
         "shoal-shared-prefix-256+16", "shoal-shared-prefix-256+16-no-radix",
-        "llama-cpp-F32-64x128-c1-t1", "llama-cpp-F32-64x128-c32-t1"]
+        "llama-cpp-F32-64x128-c1-t2", "llama-cpp-F32-64x128-c32-t2"]
     # shoal, shoal w8a16 and transformers started once; a llama-server per phase and trial
     assert FakeServer.started.count(SHOAL) == 1 and FakeServer.started.count(TRANSFORMERS) == 1
-    assert "llama.cpp F32 -np 32 -t 2" in FakeServer.started or os.cpu_count() != 2
+    assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started or os.cpu_count() != 2
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
     assert phases[0] == 0 and phases == sorted(phases) and len(phases) == 6

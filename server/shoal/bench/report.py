@@ -54,14 +54,17 @@ def machine_info() -> dict[str, str]:
 def _threads_note(cfg: SuiteConfig) -> str:
     threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
     hf_threads = cfg.transformers_threads or threads
-    llama = cfg.llama_cpp_threads or os.cpu_count() or 1
-    trials = [t for t in cfg.llama_cpp_thread_trials if t != llama]
+    cores = os.cpu_count() or 1
+    llama, trials = cfg.llama_threads(cores), cfg.llama_thread_trials(cores)
     return (f"Threads: shoal's scheduler and the bare forward use {threads} torch thread(s) "
             f"for decode (one core per rank, one left to the api/detokenizer; prefill-heavy "
             f"steps use every core); `transformers serve` runs with OMP_NUM_THREADS="
             f"{hf_threads} (on 2 cores its default of one thread per core ran ~5x slower next "
             f"to its own HTTP thread and the benchmark client); `llama-server` runs with "
-            f"`-t {llama}` (llama.cpp's docs: as many threads as physical cores)"
+            f"`-t {llama} -tb {cores}`: generation on as many threads as shoal's decode, "
+            f"prompts on every core, like shoal's prefill-heavy steps (llama.cpp's docs advise "
+            f"one thread per physical core; on this shared host two spinning threads stalled "
+            f"its decode ~10x)"
             + (f", and once with `-t {', '.join(map(str, trials))}` at concurrency 1 and "
                f"{cfg.ratio_concurrency} (table below)" if trials else "")
             + f"; `generate` is the best of "
@@ -153,7 +156,7 @@ def _shapes_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
 def _llama_threads_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
     if not res.llama_threads:
         return []
-    main = cfg.llama_cpp_threads or os.cpu_count() or 1
+    main = cfg.llama_threads(os.cpu_count() or 1)
     lines = ["", "### llama.cpp thread counts", "",
              f"llama.cpp F32, {cfg.input_len} in / {cfg.output_len} out; output tok/s (mean "
              f"TPOT in ms).", "", "| `-t` | concurrency | output tok/s | TPOT mean |",

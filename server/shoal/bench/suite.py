@@ -112,7 +112,7 @@ class Suite:
         self.on_progress = on_progress
         self.res = SuiteResults()
         self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
-        self.llama_threads = cfg.llama_cpp_threads or os.cpu_count() or 1
+        self.llama_threads = cfg.llama_threads(os.cpu_count() or 1)
         self.up: dict[str, Server] = {}
         self.failed: set[str] = set()
 
@@ -182,10 +182,9 @@ class Suite:
                                 "--disable-radix-cache"), self.no_radix_body)
         self.progress()
         if llama is not None:
-            for t in cfg.llama_cpp_thread_trials:
+            for t in cfg.llama_thread_trials(os.cpu_count() or 1):
                 for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
-                    if t != self.llama_threads:
-                        self.llama_serve(LLAMA_F32, llama[0], c, t, [(cfg.shape, c)])
+                    self.llama_serve(LLAMA_F32, llama[0], c, t, [(cfg.shape, c)])
             self.progress()
         return self.res
 
@@ -297,7 +296,8 @@ def _parser() -> argparse.ArgumentParser:
                              "tools/llama-cpp/build.sh prints)")
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--llama-cpp-threads", type=int, default=None,
-                        help="llama-server -t (default: one per core)")
+                        help="llama-server -t (default: cores - 1, as shoal's decode; -tb is "
+                             "every core)")
     parser.add_argument("--docs-dir", default=None,
                         help="where benchmarks.md and the plot go (default: docs/, or the "
                              "results folder with --quick)")

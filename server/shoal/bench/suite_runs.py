@@ -50,9 +50,21 @@ class SuiteConfig:
     skip_transformers: bool = False
     transformers_threads: int | None = None  # None: shoal's policy (cores - 1 on one rank)
     skip_llama_cpp: bool = False
-    llama_cpp_threads: int | None = None  # None: one per core, as llama.cpp's docs advise
-    llama_cpp_thread_trials: tuple[int, ...] = (1,)  # other -t values, at concurrency 1 and 32
+    llama_cpp_threads: int | None = None  # -t; None: shoal's decode policy (cores - 1)
+    # other -t values, tried at concurrency 1 and ratio_concurrency; None: one per core (what
+    # llama.cpp's docs advise)
+    llama_cpp_thread_trials: tuple[int, ...] | None = None
     quick: bool = False
+
+    def llama_threads(self, cores: int) -> int:
+        """`llama-server -t` (generation threads); `-tb` (prompt processing) is every core, as
+        shoal's prefill-heavy steps run on every core and its decode leaves one to the api: two
+        spinning threads on two busy cores stalled llama.cpp's decode ~10x on this host."""
+        return self.llama_cpp_threads or max(1, cores - 1)
+
+    def llama_thread_trials(self, cores: int) -> list[int]:
+        trials = self.llama_cpp_thread_trials or (cores,)
+        return [t for t in trials if t != self.llama_threads(cores)]
 
     @property
     def shape(self) -> Shape:
