@@ -128,8 +128,9 @@ def _filtered_sorted(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Ten
         sorted_probs[p.top_k:] = 0.0
     if p.top_p < 1.0:
         # keep the smallest prefix whose mass reaches top_p (the top token always stays)
-        mass_before = sorted_probs.cumsum(0) - sorted_probs
-        sorted_probs[mass_before >= p.top_p] = 0.0
+        drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+        drop[0] = False  # even when top_p is 0 in float32 (5e-324)
+        sorted_probs[drop] = 0.0
     if p.min_p > 0.0:
         sorted_probs[sorted_probs < p.min_p * sorted_probs[0]] = 0.0
     return sorted_probs, sorted_ids
