@@ -23,12 +23,15 @@ from openai.types.completion_create_params import CompletionCreateParamsBase as 
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from pydantic import BaseModel
 
+from shoal.api.constraints import JSON_OBJECT_SCHEMA
 from shoal.api.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     GenerateRequest,
+    JsonSchemaFormat,
     NativeSampling,
+    ResponseFormat,
     StreamOptions,
 )
 from shoal.api.request_fields import REFUSED
@@ -99,6 +102,9 @@ def usage_last(sent: Sent) -> bool:
 
 
 OTHER = [{"role": "user", "content": "Other."}]
+YES_NO = 'root ::= "yes" | "no"'
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
 SAMPLING: dict[str, tuple[Any, Check]] = {
     "temperature": (0.5, sampling(temperature=0.5)),
     "top_p": (0.5, sampling(top_p=0.5)),
@@ -113,6 +119,8 @@ SAMPLING: dict[str, tuple[Any, Check]] = {
     "presence_penalty": (0.5, sampling(presence_penalty=0.5)),
     "repetition_penalty": (1.2, sampling(repetition_penalty=1.2)),
     "logit_bias": ({"17": 5.0}, sampling(logit_bias={17: 5.0})),
+    "regex": ("[0-9]+", sampling(regex="[0-9]+")),
+    "ebnf": (YES_NO, sampling(ebnf=YES_NO)),
 }
 BOOTSTRAPPED = {name: ({name: value, **BOOTSTRAP}, bootstrapped)
                 for name, value in BOOTSTRAP.items()}
@@ -125,6 +133,8 @@ OPENAI: dict[str, tuple[dict[str, Any], Check]] = {
     "n": ({"n": 2}, lambda sent: len(sent.reqs) == 2 and len(sent.body()["choices"]) == 2),
     "stream": ({"stream": True}, streamed),
     "stream_options": ({"stream": True, "stream_options": {"include_usage": True}}, usage_last),
+    "response_format": ({"response_format": {"type": "json_object"}},
+                        sampling(json_schema=JSON_OBJECT_SCHEMA)),
 }
 
 # model -> field -> (a patch of the route's base body that sets the field, the check of its
@@ -152,6 +162,8 @@ HONOURED: dict[type[BaseModel], dict[str, tuple[dict[str, Any], Check]]] = {
                            sampling(max_new_tokens=3)),
         "min_new_tokens": ({"sampling_params": {"min_new_tokens": 2}},
                            sampling(min_new_tokens=2)),
+        "json_schema": ({"sampling_params": {"json_schema": json.dumps(SCHEMA)}},
+                        sampling(json_schema=json.dumps(SCHEMA))),
     },
     GenerateRequest: {
         **BOOTSTRAPPED,
@@ -206,6 +218,13 @@ HONOURED: dict[type[BaseModel], dict[str, tuple[dict[str, Any], Check]]] = {
                                                              "text": "Other."}]}]},
                     lambda sent: sent.prompt_is(OTHER)),
     },
+    ResponseFormat: {
+        "type": ({"response_format": {"type": "text"}}, sampling(json_schema=None)),
+        "json_schema": ({"response_format": SCHEMA_FORMAT},
+                        sampling(json_schema=json.dumps(SCHEMA))),
+    },
+    JsonSchemaFormat: {"schema": ({"response_format": SCHEMA_FORMAT},
+                                  sampling(json_schema=json.dumps(SCHEMA)))},
     TextConfig: {"format": ({"text": {"format": {"type": "text"}}}, status(200))},
     TextFormat: {"type": ({"text": {"format": {"type": "text"}}}, status(200))},
 }
@@ -219,6 +238,10 @@ PARTS: dict[type[BaseModel], tuple[str, Place, dict[str, Any]]] = {
                     {"stream": True, "stream_options": {}}),
     InputMessage: (RESPONSES, lambda name, value: {"input": [{**MESSAGES[0], name: value}]},
                    {"input": MESSAGES}),
+    ResponseFormat: (CHAT, lambda name, value: {"response_format": {name: value}}, {}),
+    JsonSchemaFormat: (CHAT, lambda name, value: {"response_format": {
+        "type": "json_schema", "json_schema": {"schema": SCHEMA, name: value}}},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}),
     TextConfig: (RESPONSES, lambda name, value: {"text": {name: value}}, {"text": {}}),
     TextFormat: (RESPONSES, lambda name, value: {"text": {"format": {name: value}}}, {}),
 }
@@ -227,7 +250,13 @@ IGNORED_VALUES = {"user": "u1", "metadata": {"k": "v"}, "store": True, "service_
                   "safety_identifier": "s1", "prompt_cache_key": "k1",
                   "prompt_cache_retention": "24h", "include_obfuscation": True, "name": "bob",
                   "refusal": "no", "annotations": [], "parallel_tool_calls": False,
-                  "id": "msg_1", "status": "completed", "phase": "final_answer"}
+                  "id": "msg_1", "status": "completed", "phase": "final_answer",
+                  "description": "a schema", "strict": True}
+
+
+def field_names(model: type[BaseModel]) -> set[str]:
+    """The names a request spells its fields with (an alias when the field has one)."""
+    return {field.alias or name for name, field in model.model_fields.items()}
 
 
 def route_of(model: type[BaseModel]) -> str:
@@ -254,7 +283,7 @@ def send(api, tokenizer) -> Callable[[str, dict[str, Any]], Sent]:
 
 def test_every_field_is_classified():
     for model in HONOURED:
-        fields = set(model.model_fields)
+        fields = field_names(model)
         ignored = model.ignored_fields
         assert not ignored & set(HONOURED[model]), model.__name__
         assert fields == set(HONOURED[model]) | ignored, (
@@ -332,5 +361,5 @@ def test_refused_field_inside_a_part(send, route, patch, param):
 
 def test_docs_name_every_field():
     text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
-    named = {name for model in HONOURED for name in model.model_fields} | set(REFUSED)
+    named = {name for model in HONOURED for name in field_names(model)} | set(REFUSED)
     assert not {name for name in named if f"`{name}`" not in text}

@@ -43,6 +43,7 @@ class Row:
     logprob: LogprobParams | None = None
     generator: torch.Generator | None = None
     penalties: PenaltyState | None = None
+    grammar: None = None
 
     def __post_init__(self) -> None:
         self.generator = sampler.make_generator(self.sampling)

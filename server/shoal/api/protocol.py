@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from shoal.api.constraints import JSON_OBJECT_SCHEMA, check_ebnf, check_json_schema, check_regex
 from shoal.api.request_fields import drop_no_ops
 from shoal.ipc.messages import SEED_BOUND, BootstrapInfo, LogprobParams, SamplingParams
 
@@ -87,10 +88,34 @@ class _Sampling(StrictModel):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=2)
     logit_bias: dict[str, float] | None = None  # token id (as a string, per JSON) -> bias
+    regex: str | None = None  # structured outputs (SGLang's names): the output matches it
+    ebnf: str | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
         return None
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        return None if value is None else check_regex(value)
+
+    @field_validator("ebnf")
+    @classmethod
+    def _ebnf(cls, value: str | None) -> str | None:
+        return None if value is None else check_ebnf(value)
+
+    def constraints(self) -> dict[str, str]:
+        """The structured-output constraints asked for, by their SamplingParams names."""
+        return {name: value for name, value in (("regex", self.regex), ("ebnf", self.ebnf))
+                if value is not None}
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> _Sampling:
+        if len(self.constraints()) > 1:
+            raise ValueError(f"at most one constraint may be given, got "
+                             f"{' and '.join(self.constraints())}")
+        return self
 
     @property
     def requested_min_tokens(self) -> int:
@@ -153,6 +178,7 @@ class _Sampling(StrictModel):
             repetition_penalty=self.repetition_penalty,
             min_new_tokens=min(self.requested_min_tokens, max_new_tokens),
             logit_bias={int(key): bias for key, bias in (self.logit_bias or {}).items()},
+            **self.constraints(),
         )
 
 
@@ -188,6 +214,42 @@ class OpenAIMetadata(StrictModel):
     prompt_cache_retention: str | None = None
 
 
+class JsonSchemaFormat(StrictModel):
+    """`response_format.json_schema`: the output is JSON valid against `schema` (always strict;
+    `name` and `description` only label it)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    ignored_fields = frozenset({"name", "description", "strict"})
+
+    name: str | None = None  # OpenAI requires it; shoal does not need it
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # decoding is always constrained to the schema
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_json_schema(value)
+        return value
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("`json_schema` goes with type `json_schema`, and only with it")
+        return self
+
+    def schema_text(self) -> str | None:
+        """The JSON schema the output must match; None for plain text."""
+        if self.json_schema is not None:
+            return check_json_schema(self.json_schema.schema_)
+        return JSON_OBJECT_SCHEMA if self.type == "json_object" else None
+
+
 class _OpenAISampling(_Sampling, _Bootstrap, OpenAIMetadata):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -195,12 +257,17 @@ class _OpenAISampling(_Sampling, _Bootstrap, OpenAIMetadata):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("stream_options")
     @classmethod
     def _options_need_stream(cls, value: StreamOptions | None,
                              info: ValidationInfo) -> StreamOptions | None:
         return options_need_stream(value, info)
+
+    def constraints(self) -> dict[str, str]:
+        schema = self.response_format.schema_text() if self.response_format else None
+        return super().constraints() | ({} if schema is None else {"json_schema": schema})
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -304,6 +371,16 @@ class CompletionRequest(_OpenAISampling):
 class NativeSampling(_Sampling):
     max_new_tokens: int | None = Field(None, ge=1)
     min_new_tokens: int = Field(0, ge=0)
+    json_schema: str | None = None  # the JSON text of a schema (SGLang's name)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _json_schema(cls, value: str | None) -> str | None:
+        return None if value is None else check_json_schema(value)
+
+    def constraints(self) -> dict[str, str]:
+        schema = {} if self.json_schema is None else {"json_schema": self.json_schema}
+        return super().constraints() | schema
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -1,5 +1,6 @@
-"""Next-token sampling: penalties and logit_bias, greedy, temperature, top-k, top-p, min-p,
-per-request seeded generators; and the log-probabilities a step's requests asked for.
+"""Next-token sampling: penalties and logit_bias, grammar token masks (structured outputs),
+greedy, temperature, top-k, top-p, min-p, per-request seeded generators; and the
+log-probabilities a step's requests asked for (of the raw logits: masks do not change them).
 
 A batch where no request processes its logits or wants logprobs costs one argmax.
 """
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import xgrammar as xgr
 
 from shoal.engine import penalties
 from shoal.engine.logprobs import batch_logprobs, token_logprobs
@@ -25,6 +27,7 @@ class SamplingRow(Protocol):
     output_ids: list[int]
     penalties: PenaltyState | None
     logprob: LogprobParams | None
+    grammar: xgr.GrammarMatcher | None  # None: every token is allowed
 
 
 @dataclass
@@ -76,12 +79,28 @@ def run(logits: torch.Tensor, work: SamplingWork) -> SamplingResult:
 
 def sample(logits: torch.Tensor, reqs: list[SamplingRow]) -> list[int]:
     """One token id per row of `logits` [batch, vocab] (float32); `logits` is not modified."""
-    logits = penalties.apply(logits, reqs)
+    logits = apply_grammar_masks(penalties.apply(logits, reqs), reqs)
     tokens = logits.argmax(dim=-1).tolist()
     for i, req in enumerate(reqs):
         if not req.sampling.is_greedy:
             tokens[i] = _sample_row(logits[i], req.sampling, req.generator)
     return tokens
+
+
+def apply_grammar_masks(logits: torch.Tensor, reqs: list[SamplingRow]) -> torch.Tensor:
+    """`logits` with the tokens each request's grammar forbids at -inf (a copy); the same
+    tensor when no request has a grammar."""
+    rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    if not rows:
+        return logits
+    bitmask = xgr.allocate_token_bitmask(len(reqs), logits.shape[-1])
+    for i in rows:
+        grammar = reqs[i].grammar
+        assert grammar is not None
+        grammar.fill_next_token_bitmask(bitmask, i)
+    masked = logits.clone()
+    xgr.apply_token_bitmask_inplace(masked, bitmask.to(masked.device), indices=rows)
+    return masked
 
 
 def output_logprobs(logits: torch.Tensor, tokens: list[int],

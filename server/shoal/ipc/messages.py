@@ -35,6 +35,11 @@ class SamplingParams(msgspec.Struct, array_like=True, kw_only=True):
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     logit_bias: dict[int, float] = {}
+    # Structured outputs (shoal.scheduler.grammar), at most one: each sampled token must keep
+    # the output a prefix of a match of this JSON schema (its JSON text), regex or EBNF grammar.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @property
     def is_greedy(self) -> bool:

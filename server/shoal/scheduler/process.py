@@ -41,6 +41,7 @@ from shoal.ports import free_port
 from shoal.scheduler.consensus import ConsensusChecker
 from shoal.scheduler.decode_role import DecodeRole
 from shoal.scheduler.embedding import EmbeddingScheduler
+from shoal.scheduler.grammar import Grammars
 from shoal.scheduler.io import BroadcastingIO, FollowerIO, Rank0IO
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefill_role import PrefillRole
@@ -142,7 +143,8 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
         record_event=record_event,
         stats=SchedulerStats(args.enable_metrics) if layout.rank == 0 else None,
         role=_make_role(args, ctx, runner, memory, stop_checker,
-                        sched_config.max_running_requests, record_event))
+                        sched_config.max_running_requests, record_event),
+        grammars=Grammars.for_tokenizer(tokenizer, config.vocab_size, eos_ids))
     io.send_ready(ComponentReady(component="scheduler", max_total_tokens=runner.max_total_tokens,
                                  max_running_requests=sched_config.max_running_requests,
                                  context_length=sched_config.context_length))

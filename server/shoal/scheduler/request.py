@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import xgrammar as xgr
 
 from shoal.engine import penalties, sampler
 from shoal.engine.penalties import PenaltyState
@@ -59,6 +60,7 @@ class Req:
     prompt_logprobs: TokenLogprobs | None = None  # from position logprob_start_len on, when asked
     num_pending: int = 0   # tokens sampled by batches not processed yet (the overlap loop)
     epoch: int = 0         # +1 whenever the request gives its KV back; older batch rows are stale
+    grammar: xgr.GrammarMatcher | None = None  # structured outputs (grammar.py): masks sampling
 
     def __post_init__(self) -> None:
         self.token_ids = self.input_ids + self.output_ids
@@ -116,6 +118,7 @@ class Req:
 
     @property
     def needs_sync_sampling(self) -> bool:
-        """Sampling reads the output so far (penalties) or returns logprobs: the overlap loop
-        runs such a step without overlap, so that state is never a token behind."""
-        return self.penalties is not None or self.logprob is not None
+        """Sampling reads the output so far (penalties, the grammar's mask) or returns logprobs:
+        the overlap loop runs such a step without overlap, so that state is never a token
+        behind."""
+        return self.penalties is not None or self.logprob is not None or self.grammar is not None

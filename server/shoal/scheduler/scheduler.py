@@ -16,6 +16,8 @@ Where is ... (docs/architecture.md has the same index; a test resolves every nam
                     (FutureInputs)
     disaggregation  roles.Role, called by Scheduler.schedule and Scheduler.process_results:
                     prefill_role.PrefillRole, decode_role.DecodeRole, roles.ColocatedRole
+    grammars        Scheduler._attach_grammar → grammar.Grammars.matcher (the engine's
+                    sampler applies the mask); each processed token: grammar.accept
 
 A batch is a list of entries (request, tokens it computes this step); a request's place in the
 req_to_token table is its `req_pool_idx`; "row" is left to the rows of the logits. Progress
@@ -49,7 +51,9 @@ from shoal.ipc.messages import (
 )
 from shoal.metrics.scheduler_metrics import SchedulerSnapshot, SchedulerStats
 from shoal.models.forward_batch import ForwardBatch
+from shoal.scheduler import grammar
 from shoal.scheduler.admission import NewTokenRatio, PrefillAdder, future_slots
+from shoal.scheduler.grammar import Grammars
 from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefix_cache import common_prefix_len
@@ -141,8 +145,10 @@ class Scheduler:
                  stop_checker: StopChecker, config: SchedulerConfig,
                  sampling: Sampling = local_sampling,
                  record_event: Callable[[str], None] | None = None,
-                 stats: SchedulerStats | None = None, role: Role | None = None) -> None:
+                 stats: SchedulerStats | None = None, role: Role | None = None,
+                 grammars: Grammars | None = None) -> None:
         self.runner = runner
+        self.grammars = grammars  # structured outputs; None: constrained requests are refused
         self.role = role or ColocatedRole()  # prefill/decode disaggregation (roles.py)
         self.stats = stats  # rank 0 only: the periodic log line and gauges
         self.sampling = sampling
@@ -279,7 +285,7 @@ class Scheduler:
 
     def _add_request(self, message: GenerateReq) -> None:
         req = Req.from_message(message, self.stop_checker.eos_token_ids)
-        problem = self._validate(req)
+        problem = self._validate(req) or self._attach_grammar(req)
         if problem:
             req.finish = FinishReason(kind="abort", message=problem)
             self.io.send_outputs([self._output(req)])
@@ -297,6 +303,20 @@ class Scheduler:
             return (f"the prompt plus max_new_tokens ({len(req.input_ids)} + "
                     f"{req.sampling.max_new_tokens}) exceed the KV cache pool "
                     f"({self.memory.allocator.size} tokens)")
+        return None
+
+    def _attach_grammar(self, req: Req) -> str | None:
+        """Give a constrained request its grammar matcher; what is wrong when it cannot."""
+        if not grammar.has_constraint(req.sampling):
+            return None
+        if self.grammars is None:
+            return "structured outputs are not served by this scheduler"
+        if not isinstance(self.role, ColocatedRole):
+            return "structured outputs are not served with prefill/decode disaggregation"
+        try:
+            req.grammar = self.grammars.matcher(req.sampling)
+        except ValueError as exc:
+            return str(exc)
         return None
 
     def _abort(self, rid: str) -> None:
@@ -497,9 +517,10 @@ class Scheduler:
                 continue
             req.num_pending -= 1
             req.append_token(token)
+            grammar_end = grammar.accept(req, token)
             if token_logprobs is not None and req.output_logprobs is not None:
                 req.output_logprobs.extend(token_logprobs)
-            req.finish = self.stop_checker.check(req)
+            req.finish = self.stop_checker.check(req) or grammar_end
             appended.append(req)
         for (req, n), epoch in zip(batch.entries, batch.epochs):
             if n > 1 and req.epoch == epoch and req.finish is None:
