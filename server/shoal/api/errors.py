@@ -92,6 +92,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message, param = validation_message(exc)
         return error_response(bad_request(message, param))
 
+    @app.exception_handler(UnicodeEncodeError)
+    async def _not_unicode(_: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # a lone surrogate ("\\ud800") parses as JSON; the first encoder it meets refuses it
+        return error_response(bad_request(f"The request holds text that is not valid Unicode: "
+                                          f"{exc.reason}."))
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(APIError(exc.status_code, str(exc.detail)))

@@ -106,6 +106,17 @@ class Accumulated:
         self.prompt_logprobs = self.prompt_logprobs or out.prompt_logprobs
 
 
+def unicode_text(text: str, param: str) -> str:
+    """`text`, or a 400 when it is not Unicode text: JSON may carry a lone surrogate ("\\ud800")
+    that no encoder (the tokenizer's, msgspec's) accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(f"The text is not valid Unicode: {exc.reason} at position "
+                          f"{exc.start}.", param) from exc
+    return text
+
+
 def fit_max_new_tokens(prompt_len: int, requested: int | None, default: int | None,
                        context_length: int | None) -> int:
     """How many new tokens a request may generate, or a 400 when it cannot fit the context.
@@ -215,7 +226,7 @@ class TokenizerManager:
     # ---- tokenization and limits ----------------------------------------------------------------
 
     def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode(unicode_text(text, "prompt"))
 
     def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         self.check_generates()
@@ -224,7 +235,7 @@ class TokenizerManager:
                                                       tokenize=False)
         except (TemplateError, ValueError) as exc:
             raise bad_request(f"Cannot apply the chat template: {exc}", "messages") from exc
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(unicode_text(text, "messages"), add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
