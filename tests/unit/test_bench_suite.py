@@ -149,6 +149,12 @@ def test_llama_cpp_threads_follow_shoals_decode_and_try_the_docs_choice() -> Non
     assert SuiteConfig(llama_cpp_thread_trials=(1, 4)).llama_thread_trials(2) == [4]
 
 
+def test_kv_pool_holds_twice_the_largest_workload() -> None:
+    assert SuiteConfig().kv_tokens == 36864  # 2 x 16 x (1024 + 32 + 16) + 2 x 1024
+    assert SuiteConfig(concurrencies=(64,), extra_shapes=()).kv_tokens == 36864
+    assert SuiteConfig(concurrencies=(128,), shared_shapes=((64, 8),)).kv_tokens == 2 * 128 * 192
+
+
 def test_phases_measure_what_the_ratios_read_first() -> None:
     assert SuiteConfig().phase_order() == [1, 32, 16, 64, 4]
     assert SuiteConfig(**QUICK).phase_order() == [1, 32, 4]
@@ -244,12 +250,12 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     res = suite.Suite(cfg, tmp_path, Path("bin"),
                       lambda r: phases.append(len(r.serving))).run()
     assert calls == [
-        "forward-b1-before", "shoal-64x128-c1", "forward-b1-after", "llama-cpp-F32-64x128-c1",
+        "shoal-64x128-c1", "forward-b1-after", "llama-cpp-F32-64x128-c1",
         "shoal-w8a16-64x128-c1", "llama-cpp-Q8-0-64x128-c1", "transformers-serve-CB-64x128-c1",
         "forward-b32-before", "shoal-64x128-c32", "forward-b32-after", "shoal-150x64-c32",
         "llama-cpp-F32-64x128-c32", "llama-cpp-F32-150x64-c32",
         "transformers-serve-CB-64x128-c32", "transformers-serve-CB-150x64-c32",
-        "forward-b4-before", "shoal-64x128-c4", "forward-b4-after", "llama-cpp-F32-64x128-c4",
+        "shoal-64x128-c4", "forward-b4-after", "llama-cpp-F32-64x128-c4",
         "transformers-serve-CB-64x128-c4",
         "shoal-shared-prefix-256+16", "shoal-shared-prefix-256+16-no-radix",
         "llama-cpp-F32-64x128-c1-t2", "llama-cpp-F32-64x128-c32-t2"]
@@ -257,4 +263,4 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     assert FakeServer.started.count(SHOAL) == 1 and FakeServer.started.count(TRANSFORMERS) == 1
     assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started or os.cpu_count() != 2
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
-    assert phases[0] == 0 and phases == sorted(phases) and len(phases) == 6
+    assert phases == [5, 11, 14, 14, 14]  # after each concurrency, no-radix, the trials

@@ -113,6 +113,7 @@ class Suite:
         self.res = SuiteResults()
         self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
         self.llama_threads = cfg.llama_threads(os.cpu_count() or 1)
+        self.kv = ("--max-total-tokens", str(cfg.kv_tokens))
         self.up: dict[str, Server] = {}
         self.failed: set[str] = set()
 
@@ -163,14 +164,12 @@ class Suite:
 
     def run(self) -> SuiteResults:
         cfg = self.cfg
-        self.generate()
-        self.progress()
         llama = self.llama_ggufs() if not cfg.skip_llama_cpp else None
         try:
             for c in cfg.phase_order():
                 self.phase(c, llama)
                 self.progress()
-            shoal = self.server(lambda: shoal_server(self.results, SHOAL))
+            shoal = self.server(lambda: shoal_server(self.results, SHOAL, *self.kv))
             if shoal is not None:
                 for shape in cfg.shared_shapes:
                     self.shared_prefix(shoal, shape, radix=True)
@@ -178,7 +177,7 @@ class Suite:
             for server in self.up.values():
                 server.stop()
             self.up.clear()
-        self.serve(shoal_server(self.results, f"{SHOAL} --disable-radix-cache",
+        self.serve(shoal_server(self.results, f"{SHOAL} --disable-radix-cache", *self.kv,
                                 "--disable-radix-cache"), self.no_radix_body)
         self.progress()
         if llama is not None:
@@ -186,26 +185,30 @@ class Suite:
                 for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
                     self.llama_serve(LLAMA_F32, llama[0], c, t, [(cfg.shape, c)])
             self.progress()
+        self.generate()
         return self.res
 
     def phase(self, c: int, llama: tuple[Path, Path] | None) -> None:
         """Every server at concurrency `c`."""
         cfg, results = self.cfg, self.results
         work = [w for w in cfg.workloads(cfg.concurrencies) if w[1] == c]
-        shoal = self.server(lambda: shoal_server(results, SHOAL)) if work else None
+        shoal = self.server(lambda: shoal_server(results, SHOAL, *self.kv)) if work else None
         if shoal is not None:
             for shape, _ in work:
                 if shape != cfg.shape:
                     self.random(SHOAL, shoal, shape, c)
                     continue
-                self.res.forward[c] = [forward_run(f"forward-b{c}-before", cfg, c, results)]
+                # the ceiling the acceptance ratio reads is measured on both sides of its run
+                before = [forward_run(f"forward-b{c}-before", cfg, c, results)] \
+                    if c == cfg.ratio_concurrency else []
                 self.random(SHOAL, shoal, shape, c)
-                self.res.forward[c].append(forward_run(f"forward-b{c}-after", cfg, c, results))
+                self.res.forward[c] = [*before,
+                                       forward_run(f"forward-b{c}-after", cfg, c, results)]
         if llama is not None and work:
             self.llama_serve(LLAMA_F32, llama[0], c, self.llama_threads, work)
         if c in cfg.int8_concurrencies:
-            int8 = self.server(lambda: shoal_server(results, SHOAL_INT8, "--quantization",
-                                                    "w8a16"))
+            int8 = self.server(lambda: shoal_server(results, SHOAL_INT8, *self.kv,
+                                                    "--quantization", "w8a16"))
             if int8 is not None:
                 self.random(SHOAL_INT8, int8, cfg.shape, c)
             if llama is not None:

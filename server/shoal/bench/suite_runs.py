@@ -85,6 +85,16 @@ class SuiteConfig:
             runs += [(s, self.ratio_concurrency) for s in self.shapes[1:]]
         return runs
 
+    @property
+    def kv_tokens(self) -> int:
+        """`--max-total-tokens` of the benchmarked shoal servers: twice what the largest
+        workload holds at once, in steps of 4,096 (by default shoal sizes its KV pool from free
+        memory: ~100k tokens, 4.7 GB here, while three servers share 24 GB with other work)."""
+        random = max(c * (i + o) for (i, o), c in self.workloads(self.concurrencies))
+        shared = max(self.shared_concurrency * (p + s + self.shared_output_len) + p
+                     for p, s in self.shared_shapes)
+        return -(-2 * max(random, shared) // 4096) * 4096
+
     def phase_order(self) -> list[int]:
         """Concurrencies in the order the suite measures them: 1 and the ratio concurrency
         first, then the int8 ones, then the rest from the highest."""
