@@ -2,7 +2,8 @@
 server over TCP (ZMQ), one scheduler rank to its peer rank (docs/pd.md).
 
     messages.py   the KV channel's msgspec structs and their own decoder
-    poll.py       a transfer's state (KVPoll) and the ranks' agreement on it
+    ranks.py      a transfer's state (KVPoll) and the ranks' agreement on it
+    rooms.py      what both ends keep per room, and the transfer counters
     layout.py     what a prefill server announces and what a decode server checks (pure)
     transport.py  the I/O thread that owns one rank's sockets
     prefill.py    a prefill rank's end: rooms waiting for a destination, KV out

@@ -4,7 +4,8 @@ KV goes, take the chunks in, and hold the first token until the scheduler commit
     open(room, address)   BOOTSTRAPPING until the prefill at `address` has told its layout
                           (deadline: the timeout); cached per address, re-asked every second
     (layout, compatible)  WAITING: the scheduler may preallocate slots, then `send_dest`
-    send_dest             TRANSFERRING (deadline: the timeout); chunks queue for `take_chunks`
+    send_dest             TRANSFERRING (deadline: the timeout, again after each chunk); chunks
+                          queue for `write_chunks`
     (KVDone, complete)    SUCCESS, and a KVAck to the prefill
     (an incompatible layout, KVAbort, the prefill's heartbeat lost or its session changed,
      a deadline)          FAILED
@@ -275,6 +276,7 @@ class DecodeTransfer:
                 return None
             state.chunks.append(Chunk(message.start, message.num_tokens, frames[0], frames[1]))
             state.received += message.num_tokens
+            state.deadline = self.clock() + self.timeout_s  # a long prompt is still moving
             return None
         peer = self._peers.get(state.address)
         endpoint = peer.layout.endpoints[self.rank] if peer and peer.layout else None
