@@ -289,9 +289,11 @@ class TokenizerManager:
         rid = rid or uuid.uuid4().hex
         if rid in self.rid_to_state:
             raise bad_request(f"Request id {rid!r} is already in use.", "rid")
-        state = self.rid_to_state[rid] = ReqState()
+        # NOTE: sent before it is registered: a request its encoder refuses (text that is not
+        # Unicode) must not stay in `rid_to_state`; no output can arrive in between
         self._send(GenerateReq(rid=rid, input_ids=input_ids, sampling=sampling, stream=stream,
                                logprob=logprob, bootstrap=bootstrap))
+        state = self.rid_to_state[rid] = ReqState()
         return self._outputs(rid, state, is_disconnected)
 
     async def _outputs(self, rid: str, state: ReqState,
