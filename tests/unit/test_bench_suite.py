@@ -214,10 +214,17 @@ def test_quick_and_override_flags() -> None:
 
 class FakeServer(Server):
     started: list[str] = []
+    dies: set[str] = set()  # names that are found dead once after starting
 
     def start(self) -> FakeServer:
         FakeServer.started.append(self.name)
         return self
+
+    def alive(self) -> bool:
+        if self.name in FakeServer.dies:
+            FakeServer.dies.discard(self.name)
+            return False
+        return True
 
     def stop(self) -> None:
         pass
@@ -242,7 +249,7 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     monkeypatch.setattr(suite.Suite, "generate", lambda self: None)
     monkeypatch.setattr(suite.Suite, "llama_ggufs", lambda self: (Path("f32"), Path("q8")))
     monkeypatch.setattr(suite.httpx, "post", lambda *a, **k: type("R", (), {"status_code": 200}))
-    FakeServer.started = []
+    FakeServer.started, FakeServer.dies = [], {TRANSFORMERS}
     cfg = SuiteConfig(concurrencies=(1, 4, 32), extra_shapes=((150, 64),),
                       int8_concurrencies=(1,), shared_shapes=((256, 16),), llama_cpp_threads=1,
                       llama_cpp_thread_trials=(2,))
@@ -260,7 +267,10 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
         "shoal-shared-prefix-256+16", "shoal-shared-prefix-256+16-no-radix",
         "llama-cpp-F32-64x128-c1-t2", "llama-cpp-F32-64x128-c32-t2"]
     # shoal, shoal w8a16 and transformers started once; a llama-server per phase and trial
-    assert FakeServer.started.count(SHOAL) == 1 and FakeServer.started.count(TRANSFORMERS) == 1
+    assert FakeServer.started.count(SHOAL) == 1
+    # transformers was found dead after the first phase: started again, the death recorded
+    assert FakeServer.started.count(TRANSFORMERS) == 2
+    assert len(res.errors) == 1 and res.errors[0].startswith(TRANSFORMERS + " exited with")
     assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started or os.cpu_count() != 2
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
     assert phases == [5, 11, 14, 14, 14]  # after each concurrency, no-radix, the trials

@@ -50,6 +50,12 @@ class Server:
         raise RuntimeError(f"{self.name} not healthy after {STARTUP_TIMEOUT_S:.0f} s; "
                            f"log: {self.log_path}")
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL of the session this server leads (its children included)."""
         if self.proc is None or self.proc.poll() is not None:

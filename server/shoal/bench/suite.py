@@ -122,13 +122,17 @@ class Suite:
             self.on_progress(self.res)
 
     def server(self, make: Callable[[], Server]) -> Server | None:
-        """A server that stays up until the run ends: started on first use; None if it would
-        not start."""
+        """A server that stays up until the run ends: started on first use, and again if it
+        died since (recorded as an error); None if it would not start."""
         server = make()
-        if server.name in self.up:
-            return self.up[server.name]
         if server.name in self.failed:
             return None
+        if server.name in self.up:
+            if self.up[server.name].alive():
+                return self.up[server.name]
+            dead = self.up.pop(server.name)
+            self.res.errors.append(f"{server.name} exited with {dead.exit_code()} during the "
+                                   f"run (log: {dead.log_path}); started again")
         self.res.servers[server.name] = server.command()
         try:
             self.up[server.name] = server.start()
