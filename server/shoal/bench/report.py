@@ -109,8 +109,9 @@ def _workload(cfg: SuiteConfig) -> list[str]:
         f"request shares no prefix with the dataset), so the first wave pays the prefix.",
         f"- bare forward: `shoal bench forward` at batch = concurrency, KV context "
         f"{cfg.forward_context_len} tokens (the mean context of a main-shape request while it "
-        f"decodes), {cfg.forward_steps} timed steps; the mean of a run right before and one "
-        f"right after shoal's serving run at that concurrency (the server up and idle).",
+        f"decodes), {cfg.forward_steps} timed steps, right after shoal's serving run at that "
+        f"concurrency (the server up and idle); at concurrency {cfg.ratio_concurrency}, whose "
+        f"ratio is a criterion, the mean of a run right before and one right after.",
         "- transformers `generate`: batch 1, the main shape; tokens/s = output tokens / "
         "generate time (prefill included, as in a serving request).",
     ]
