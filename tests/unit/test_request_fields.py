@@ -28,14 +28,17 @@ from shoal.api.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    FunctionDefinition,
     GenerateRequest,
     JsonSchemaFormat,
     NativeSampling,
     ResponseFormat,
     StreamOptions,
+    Tool,
 )
 from shoal.api.request_fields import REFUSED
 from shoal.api.responses_protocol import InputMessage, ResponsesRequest, TextConfig, TextFormat
+from shoal.api.tool_calls import call_schema, with_fallback_prompt
 from shoal.ipc.messages import BootstrapInfo, GenerateReq
 from tests.support.fake_api import fake_api
 from tests.support.fake_engine import WORDS
@@ -105,6 +108,20 @@ OTHER = [{"role": "user", "content": "Other."}]
 YES_NO = 'root ::= "yes" | "no"'
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+WEATHER = {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+TOOLS = [{"type": "function", "function": WEATHER}]
+CALLED = [{"role": "user", "content": "Weather in Oslo?"},
+          {"role": "assistant", "content": None, "tool_calls": [{
+              "id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+          {"role": "tool", "tool_call_id": "call_1", "content": "Sunny."}]
+
+
+def tools_prompt(functions: list[dict[str, Any]], messages: list[dict[str, Any]] = MESSAGES
+                 ) -> Check:
+    return lambda sent: sent.prompt_is(with_fallback_prompt(messages, functions))
 SAMPLING: dict[str, tuple[Any, Check]] = {
     "temperature": (0.5, sampling(temperature=0.5)),
     "top_p": (0.5, sampling(top_p=0.5)),
@@ -147,6 +164,12 @@ HONOURED: dict[type[BaseModel], dict[str, tuple[dict[str, Any], Check]]] = {
         "logprobs": ({"logprobs": True}, lambda sent: sent.req.logprob is not None),
         "top_logprobs": ({"logprobs": True, "top_logprobs": 3},
                          lambda sent: sent.req.logprob.top_logprobs_num == 3),
+        "tools": ({"tools": TOOLS}, tools_prompt([WEATHER])),
+        "tool_choice": ({"tools": TOOLS, "tool_choice": "required"},
+                        sampling(json_schema=call_schema([WEATHER], parallel=True))),
+        "parallel_tool_calls": ({"tools": TOOLS, "tool_choice": "required",
+                                 "parallel_tool_calls": False},
+                                sampling(json_schema=call_schema([WEATHER], parallel=False))),
     },
     CompletionRequest: {
         **OPENAI,
@@ -205,6 +228,19 @@ HONOURED: dict[type[BaseModel], dict[str, tuple[dict[str, Any], Check]]] = {
         "content": ({"messages": [{"role": "user", "content": [{"type": "text",
                                                                 "text": "Other."}]}]},
                     lambda sent: sent.prompt_is(OTHER)),
+        # the default model's template has no place for tools: calls become the content
+        "tool_calls": ({"messages": CALLED[:2]}, lambda sent: sent.prompt_is([
+            CALLED[0], {"role": "assistant",
+                        "content": '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'}])),
+        # ... nor for the call a tool message answers (templates that have are given it)
+        "tool_call_id": ({"messages": CALLED}, status(200)),
+    },
+    Tool: {"type": ({"tools": TOOLS}, tools_prompt([WEATHER])),
+           "function": ({"tools": TOOLS}, tools_prompt([WEATHER]))},
+    FunctionDefinition: {
+        "name": ({"tools": TOOLS}, tools_prompt([WEATHER])),
+        "description": ({"tools": TOOLS}, tools_prompt([WEATHER])),
+        "parameters": ({"tools": TOOLS}, tools_prompt([WEATHER])),
     },
     StreamOptions: {
         "include_usage": ({"stream": True, "stream_options": {"include_usage": True}},
@@ -239,6 +275,9 @@ PARTS: dict[type[BaseModel], tuple[str, Place, dict[str, Any]]] = {
     InputMessage: (RESPONSES, lambda name, value: {"input": [{**MESSAGES[0], name: value}]},
                    {"input": MESSAGES}),
     ResponseFormat: (CHAT, lambda name, value: {"response_format": {name: value}}, {}),
+    Tool: (CHAT, lambda name, value: {"tools": [{**TOOLS[0], name: value}]}, {"tools": TOOLS}),
+    FunctionDefinition: (CHAT, lambda name, value: {"tools": [{"type": "function", "function": {
+        **WEATHER, name: value}}]}, {"tools": TOOLS}),
     JsonSchemaFormat: (CHAT, lambda name, value: {"response_format": {
         "type": "json_schema", "json_schema": {"schema": SCHEMA, name: value}}},
         {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}),

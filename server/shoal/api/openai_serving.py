@@ -10,6 +10,7 @@ completion tokens of all choices. A batch of prompts (`/v1/completions`) gives c
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -38,6 +39,7 @@ from shoal.api.protocol import (
 )
 from shoal.api.sse import sse_response
 from shoal.api.tokenizer_manager import GenerateResult, TokenizerManager
+from shoal.api.tool_calls import parse_tool_calls, with_fallback_prompt
 from shoal.ipc.messages import FinishReason, LogprobParams, ReqStrOut
 
 
@@ -60,13 +62,32 @@ def usage_of(outs: Sequence[ReqStrOut | GenerateResult], n: int) -> Usage:
                     sum(out.cached_tokens for out in firsts))
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages for the chat template; `developer` is OpenAI's newer name for `system`."""
+def chat_messages(messages: list[ChatMessage], renders_tools: bool) -> list[dict[str, Any]]:
+    """Messages for the chat template; when it has no place for tool calls, an assistant
+    message's calls are its content, as `tool_calls.fallback_prompt` asks the model to write
+    them."""
     try:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in messages]
+        rendered = [m.template_message() for m in messages]
     except ValueError as exc:
         raise bad_request(str(exc), "messages") from exc
+    if renders_tools:
+        return rendered
+    return [{"role": m["role"], "content": m["content"] or json.dumps(
+                [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                 for c in m["tool_calls"]])} if m.get("tool_calls") else
+            {"role": m["role"], "content": m["content"]} for m in rendered]
+
+
+def assistant_turn(text: str, finish: FinishReason | None,
+                   functions: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]],
+                                                             str | None]:
+    """(content, tool calls, finish_reason) of a finished output; the calls are parsed when the
+    request offers functions (`tool_calls.parse_tool_calls`)."""
+    calls: list[dict[str, Any]] = []
+    content: str | None = text
+    if functions and finish is not None and finish.kind == "stop":
+        content, calls = parse_tool_calls(text, {f["name"] for f in functions})
+    return content, calls, "tool_calls" if calls else finish_reason(finish)
 
 
 class OpenAIServing:
@@ -97,19 +118,33 @@ class OpenAIServing:
     async def chat_completions(self, req: ChatCompletionRequest, raw: Request) -> Any:
         self.tm.check_model(req.model)
         self.tm.check_ready()
-        input_ids = self.tm.tokenize_chat(chat_messages(req.messages))
+        input_ids = self._chat_prompt(req)
         choices = await self._choices(req, [input_ids], req.logprob_params(), raw)
         cid, created = f"chatcmpl-{choices.rid}", int(time.time())
         if req.stream:
             return sse_response(self._chat_stream(req, choices.streams(), cid, created))
         results = await choices.results()
+        functions = req.callable_functions()
+        turns = [assistant_turn(r.text, r.finish, functions) for r in results]
         return ChatCompletionResponse(
             id=cid, created=created, model=self.tm.model_name, usage=usage_of(results, req.n),
-            choices=[ChatChoice(index=i, message=AssistantMessage(content=result.text),
+            choices=[ChatChoice(index=i, message=AssistantMessage(content=content,
+                                                                  tool_calls=calls or None),
                                 logprobs=self._chat_logprobs(result.output_ids, result),
-                                finish_reason=finish_reason(result.finish),
-                                matched_stop=matched_stop(result.finish))
-                     for i, result in enumerate(results)])
+                                finish_reason=reason, matched_stop=matched_stop(result.finish))
+                     for i, (result, (content, calls, reason)) in enumerate(zip(results, turns))])
+
+    def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt's ids: the messages, and the functions the model may call (through the
+        template, or `tool_calls.with_fallback_prompt`)."""
+        functions, renders_tools = req.callable_functions(), self.tm.template_renders_tools
+        messages = chat_messages(req.messages, renders_tools)
+        if not functions:
+            return self.tm.tokenize_chat(messages)
+        if renders_tools:
+            return self.tm.tokenize_chat(messages, [{"type": "function", "function": f}
+                                                    for f in functions])
+        return self.tm.tokenize_chat(with_fallback_prompt(messages, functions))
 
     def _chat_logprobs(self, ids: list[int], out: ReqStrOut | GenerateResult) -> Any:
         return None if out.logprobs is None else render.chat_logprobs(self.tm, ids, out.logprobs)
@@ -125,9 +160,15 @@ class OpenAIServing:
             yield chunk([ChatStreamChoice(index=i,
                                           delta=DeltaMessage(role="assistant", content=""))])
         last: dict[int, ReqStrOut] = {}
+        functions = req.callable_functions()
+        held: dict[int, str] = {}  # with functions, each choice's text until it finishes
         async for i, out in merge_streams(streams):
             logprobs = self._chat_logprobs(out.new_ids, out) if out.new_ids else None
-            if out.text or out.finish is not None or logprobs is not None:
+            if functions:
+                held[i] = held.get(i, "") + out.text
+                if out.finish is not None:
+                    yield chunk([self._tool_turn_chunk(i, held.pop(i), out, functions)])
+            elif out.text or out.finish is not None or logprobs is not None:
                 yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=out.text or None),
                                               logprobs=logprobs,
                                               finish_reason=finish_reason(out.finish),
@@ -135,6 +176,17 @@ class OpenAIServing:
             last[i] = out
         if req.include_usage and last:
             yield chunk([], usage_of([last[i] for i in sorted(last)], req.n))
+
+    @staticmethod
+    def _tool_turn_chunk(index: int, text: str, last: ReqStrOut,
+                         functions: list[dict[str, Any]]) -> ChatStreamChoice:
+        """The one delta of a choice that may call functions: its content or its calls (each
+        whole, with its `index`), sent when the output is complete and parses."""
+        content, calls, reason = assistant_turn(text, last.finish, functions)
+        return ChatStreamChoice(index=index, delta=DeltaMessage(
+            content=content or None,
+            tool_calls=[{"index": k, **call} for k, call in enumerate(calls)] or None),
+            finish_reason=reason, matched_stop=matched_stop(last.finish))
 
     # ---- completions ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ logit_bias; see shoal.engine.logprobs).
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -27,6 +28,7 @@ from pydantic import (
 
 from shoal.api.constraints import JSON_OBJECT_SCHEMA, check_ebnf, check_json_schema, check_regex
 from shoal.api.request_fields import drop_no_ops
+from shoal.api.tool_calls import call_schema
 from shoal.ipc.messages import SEED_BOUND, BootstrapInfo, LogprobParams, SamplingParams
 
 MAX_STOP_STRINGS = 4
@@ -301,11 +303,26 @@ def text_of(content: str | list[ContentPart] | None, text_type: str = "text") ->
     return "".join(part.text or "" for part in content)
 
 
+class CalledFunction(StrictModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(StrictModel):
+    """A call an assistant message made (sent back in the conversation)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(StrictModel):
     ignored_fields = frozenset({"name", "refusal", "annotations"})
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # of an assistant message
+    tool_call_id: str | None = None  # of a tool message: the call it answers
     # accepted and ignored: the chat template has no place for a name; an assistant message
     # sent back as it came has these
     name: str | None = None
@@ -315,18 +332,110 @@ class ChatMessage(StrictModel):
     def text(self) -> str:
         return text_of(self.content)
 
+    def template_message(self) -> dict[str, Any]:
+        """The message as chat templates take it (`developer` is OpenAI's newer `system`)."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {
+                    "name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class FunctionDefinition(StrictModel):
+    ignored_fields = frozenset({"strict"})
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None  # calls are always constrained or checked against `parameters`
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_json_schema(value)
+        return value
+
+
+class Tool(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: FunctionName
+
 
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs to be true")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise ValueError("`tool_choice` needs `tools`")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+                t.function.name for t in self.tools or []}:
+            raise ValueError(f"`tool_choice` names `{choice.function.name}`, which is not "
+                             f"among the tools")
+        if self.must_call and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise ValueError("`response_format` cannot constrain a request whose `tool_choice` "
+                             "requires a call")
+        return self
+
+    def callable_functions(self) -> list[dict[str, Any]]:
+        """The functions the model may call (all tools, the named one, or none)."""
+        choice = self.tool_choice
+        if not self.tools or choice == "none":
+            return []
+        functions = [t.function.model_dump(exclude_none=True, exclude={"strict"})
+                     for t in self.tools]
+        if isinstance(choice, NamedToolChoice):
+            return [f for f in functions if f["name"] == choice.function.name]
+        return functions
+
+    @property
+    def must_call(self) -> bool:
+        """`required` or a named function: decoding is constrained to calls."""
+        return bool(self.tools) and (self.tool_choice == "required"
+                                     or isinstance(self.tool_choice, NamedToolChoice))
+
+    def constraints(self) -> dict[str, str]:
+        if not self.must_call:
+            return super().constraints()
+        parallel = self.parallel_tool_calls and not isinstance(self.tool_choice, NamedToolChoice)
+        return super().constraints() | {"json_schema": call_schema(self.callable_functions(),
+                                                                   parallel)}
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -446,7 +555,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -492,6 +602,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # each with its `index` among the calls
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:

@@ -228,11 +228,17 @@ class TokenizerManager:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(unicode_text(text, "prompt"))
 
-    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    @property
+    def template_renders_tools(self) -> bool:
+        """Whether the chat template has a place for `tools` (else: api/tool_calls.py)."""
+        return "tools" in (self.tokenizer.chat_template or "")
+
+    def tokenize_chat(self, messages: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None = None) -> list[int]:
         self.check_generates()
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools,
+                                                      add_generation_prompt=True, tokenize=False)
         except (TemplateError, ValueError) as exc:
             raise bad_request(f"Cannot apply the chat template: {exc}", "messages") from exc
         return self.tokenizer.encode(unicode_text(text, "messages"), add_special_tokens=False)
