@@ -1,7 +1,10 @@
 """An embedding model's forward: a batch of token id lists in, one vector per list out.
 
 There is no KV pool: an encoder reads each input once. Sequences of a batch are padded to the
-longest one; the scheduler batches inputs of similar length to keep the padding small.
+longest one; the scheduler batches inputs of similar length to keep the padding small. Forwards
+run on the rank's base thread count, never on every core: the api works on every embedding request
+(tokenizing, encoding the vectors) and a second OpenMP thread beside it stalled the forwards
+(measured at concurrency 32: 4.5 texts/s with both cores, 9.8 with one; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -11,16 +14,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shoal.engine.threads import RankThreads, forward_threads
 from shoal.models.bert import BertConfig, BertEncoder, Pooling
 from shoal.models.loader import load_checkpoint
 
 
 class EmbeddingRunner:
-    def __init__(self, model_path: str | Path, device: torch.device, dtype: torch.dtype,
-                 threads: RankThreads | None = None) -> None:
+    def __init__(self, model_path: str | Path, device: torch.device, dtype: torch.dtype) -> None:
         self.device = device
-        self.threads = threads
         self.config = BertConfig.from_pretrained(model_path)
         self.pooling = Pooling.from_pretrained(model_path)
         with torch.device(device):
@@ -48,6 +48,5 @@ class EmbeddingRunner:
         for row, ids in enumerate(batch):
             input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
         lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.long)
-        with forward_threads(self.threads, len(batch) * longest):
-            vectors = self.model(input_ids.to(self.device), lengths.to(self.device))
+        vectors = self.model(input_ids.to(self.device), lengths.to(self.device))
         return vectors.cpu().numpy()

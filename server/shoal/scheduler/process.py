@@ -159,7 +159,7 @@ def build_embedding_scheduler(args: ServerArgs, ctx: RankContext) -> EmbeddingSc
         raise ValueError("an embedding model is served by one rank, colocated: use --tp 1 --pp 1 "
                          "--nnodes 1 --disaggregation-mode null")
     runner = EmbeddingRunner(resolve_model_path(args), ctx.device,
-                             resolve_dtype(args.dtype, ctx.device), ctx.threads)
+                             resolve_dtype(args.dtype, ctx.device))
     io = Rank0IO(sockets.Endpoints(ctx.run_dir))
     max_inputs = args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
     scheduler = EmbeddingScheduler(runner, io, max_batch_tokens=args.chunked_prefill_size,
