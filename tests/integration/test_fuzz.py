@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +75,14 @@ def test_every_route_and_body_model_is_in_the_openapi_document(
     assert {path: schema["$ref"].removeprefix("#/components/schemas/")
             for path, schema in in_document.items()} == body_models(routes)
     assert {CHAT, COMPLETIONS, "/generate", "/abort_request"} <= set(in_document)
+    # a bad body is a 400 with the OpenAI error body, as the document says (never a 422)
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert "422" not in operation["responses"], (method, path)
+            if "requestBody" in operation:
+                error = operation["responses"]["400"]["content"]["application/json"]["schema"]
+                assert error == {"$ref": "#/components/schemas/ErrorResponse"}, (method, path)
+    assert document["components"]["schemas"]["ErrorResponse"]["required"] == ["error"]
 
 
 FUZZ_SETTINGS = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True,
@@ -165,6 +174,21 @@ def test_hostile_body(server: RunningServer, fds_before: dict[str, int], name: s
         assert_openai_outcome(r, name)
         # regression: a request refused while being sent stayed in the api's table forever
         assert client.get("/server_info").json()["num_running_requests"] == 0
+
+
+@pytest.mark.parametrize("path,body", [
+    (COMPLETIONS, {"prompt": "hello " * 4_000_000, "max_tokens": 1}),
+    (CHAT, {"messages": [{"role": "user", "content": "hello " * 4_000_000}], "max_tokens": 1})],
+    ids=["completions", "chat"])
+def test_a_text_too_long_for_the_context_is_refused_before_it_is_tokenized(
+        server: RunningServer, path: str, body: dict[str, object]) -> None:
+    """Regression: a 24 MB prompt was tokenized on the api's event loop (46 s, `/health` waited
+    as long) before its 400; now its length in characters refuses it."""
+    r = httpx.post(server.base_url + path, json=body, timeout=120)
+    assert r.status_code == 400, r.text[:500]
+    message = r.json()["error"]["message"]
+    assert re.match(rf"The input \(2400\d{{4}} characters\) is longer than the model's context "
+                    rf"length \({CONTEXT} tokens\) can hold", message), message
 
 
 WRONG_CONTENT_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",

@@ -214,6 +214,37 @@ def test_a_pd_server_without_the_router_says_how_to_reach_it(pd: PDServers) -> N
         assert httpx.get(server.base_url + "/health_generate", timeout=60).status_code == 200
 
 
+def test_structured_outputs_are_refused_with_a_400_that_says_so(pd: PDServers) -> None:
+    """Constrained decoding runs only in a colocated scheduler: the pair refuses it up front."""
+    requests = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON?"}],
+                                          "response_format": {"type": "json_object"}}),
+                ("/v1/completions", {"prompt": "A number:", "max_tokens": 4,
+                                     "response_format": {"type": "json_object"}}),
+                ("/generate", {"text": "A number:", "sampling_params": {"regex": "[0-9]+"}})]
+    for path, body in requests:
+        r = httpx.post(pd.router.base_url + path, timeout=60, json=body)
+        assert r.status_code == 400, (path, r.text)
+        assert "not served with prefill/decode disaggregation" in r.json()["error"]["message"]
+    wait_idle_and_whole(pd.prefill.base_url, pd.decode.base_url)
+
+
+def test_the_responses_api_through_the_router_equals_chat_completions(pd: PDServers) -> None:
+    question = "Name three colours of the sea."
+    chat = httpx.post(pd.router.base_url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": question}], "max_tokens": NEW_TOKENS,
+        "temperature": 0})
+    assert chat.status_code == 200, chat.text
+    response = httpx.post(pd.router.base_url + "/v1/responses", timeout=120, json={
+        "input": question, "max_output_tokens": NEW_TOKENS, "temperature": 0})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] in ("completed", "incomplete")
+    text = "".join(part["text"] for item in body["output"] for part in item["content"])
+    assert text == chat.json()["choices"][0]["message"]["content"]
+    assert body["usage"]["output_tokens"] == chat.json()["usage"]["completion_tokens"]
+    wait_idle_and_whole(pd.prefill.base_url, pd.decode.base_url)
+
+
 def test_an_unreachable_bootstrap_server_fails_the_request_with_a_5xx(pd: PDServers) -> None:
     started = time.monotonic()
     r = httpx.post(pd.decode.base_url + "/generate", timeout=120, json={

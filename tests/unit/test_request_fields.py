@@ -209,6 +209,7 @@ HONOURED: dict[type[BaseModel], dict[str, tuple[dict[str, Any], Check]]] = {
             lambda sent: sent.body()["meta_info"]["output_token_logprobs"][0][2] is not None),
     },
     ResponsesRequest: {
+        **BOOTSTRAPPED,
         "input": ({"input": "Other."}, lambda sent: sent.prompt_is(OTHER)),
         "model": ({"model": "gpt-unknown"}, status(404)),
         "instructions": ({"instructions": "Be brief."}, lambda sent: sent.prompt_is(

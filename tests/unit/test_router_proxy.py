@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from shoal.ports import free_port
 from shoal.router.app import create_app
 from shoal.router.args import RouterArgs
+from shoal.router.proxy import prompt_text
 from shoal.router.workers import service_urls
 from tests.support.wait import wait_until
 
@@ -62,6 +63,7 @@ class FakeWorker:
 
         @app.post("/generate")
         @app.post("/v1/completions")
+        @app.post("/v1/responses")
         async def generate(request: Request) -> Any:
             body = await request.json()
             self.bodies.append(body)
@@ -186,6 +188,31 @@ def test_a_pair_gets_one_body_with_the_bootstrap_fields_and_the_client_the_decod
     assert 0 <= sent["bootstrap_room"] < 2**63 and sent["prompt"] == "hello"
     router.post("/v1/completions", {"prompt": "again"})
     assert decode.bodies[1]["bootstrap_room"] != sent["bootstrap_room"]
+
+
+def test_a_response_request_is_paired_like_a_completion(start_router: Any,
+                                                        workers: list[FakeWorker]) -> None:
+    prefill = _spawn(workers, mode="prefill", bootstrap_port=9124)
+    decode = _spawn(workers, mode="decode")
+    router = start_router(prefills=(prefill.url,), decodes=(decode.url,))
+    body = {"input": [{"role": "user", "content": "hello"}], "max_output_tokens": 3}
+    response = router.post("/v1/responses", body)
+    assert response.status_code == 200 and response.json()["text"] == "from decode"
+    wait_until(lambda: prefill.bodies and decode.bodies, 5, "both got the request")
+    sent = decode.bodies[0]
+    assert prefill.bodies[0] == sent and 0 <= sent.pop("bootstrap_room") < 2**63
+    assert sent == {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": 9124}
+
+
+@pytest.mark.parametrize("body,text", [
+    ({"messages": [{"role": "user", "content": "hi"}]}, "user: hi\n"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]},
+     "user: hi\n"),
+    ({"input": "hi"}, "hi"), ({"prompt": "hi"}, "hi"), ({"text": "hi"}, "hi"),
+    ({"input_ids": [1, 2]}, "[1, 2]"), ({}, "")])
+def test_cache_aware_matches_on_the_prompt_of_every_route(body: dict[str, Any],
+                                                         text: str) -> None:
+    assert prompt_text(body) == text
 
 
 def test_a_prefills_400_reaches_the_client_and_closes_the_decodes_request(

@@ -1,7 +1,8 @@
 """OpenAI-style errors: `{"error": {"message", "type", "code", "param"}}` for every failure.
 
 Handlers turn FastAPI's 422 validation errors into 400s with a readable message, route misses into
-404s, and any unexpected exception into a 500, so a bad request never takes the server down.
+404s, and any unexpected exception into a 500, so a bad request never takes the server down. The
+OpenAPI document says the same: a route with a body answers a bad one with a 400 `ErrorResponse`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -82,7 +84,36 @@ def _names_a_field(part: str | int) -> bool:
                                      and part not in _UNION_MEMBER_TYPES)
 
 
+ERROR_RESPONSE_SCHEMA: dict[str, Any] = {
+    "title": "ErrorResponse", "type": "object", "required": ["error"],
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": "string"}}}}}
+
+
+def openapi_with_error_bodies(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document with each 422 (which the handlers never send) as the 400 they do."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        bad = {"description": "Bad request", "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+        for operations in document.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.get("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses["400"] = bad
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        schemas["ErrorResponse"] = ERROR_RESPONSE_SCHEMA
+        app.openapi_schema = document
+    return app.openapi_schema
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.openapi = lambda: openapi_with_error_bodies(app)  # type: ignore[method-assign]
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)

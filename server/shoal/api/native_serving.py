@@ -45,10 +45,10 @@ class NativeServing:
         params = req.sampling_params
         tm.check_token_ids(params.stop_token_ids or [], "stop_token_ids", allow_empty=True)
         tm.check_token_ids(params.logit_bias_ids, "logit_bias", allow_empty=True)
-        tm.check_bootstrap(req.bootstrap())
         max_new = tm.max_new_tokens(len(input_ids), params.max_new_tokens,
                                     DEFAULT_MAX_NEW_TOKENS)
         sampling, started = params.to_sampling(max_new), time.monotonic()
+        tm.check_disaggregation(req.bootstrap(), [sampling])
         if req.stream:
             outputs = tm.generate(input_ids, sampling, rid=req.rid, stream=True,
                                   logprob=req.logprob_params(),

@@ -104,7 +104,7 @@ class OpenAIServing:
         self.tm.check_token_ids(req.stop_token_ids or [], "stop_token_ids", allow_empty=True)
         self.tm.check_token_ids(req.logit_bias_ids, "logit_bias", allow_empty=True)
         bootstrap = req.bootstrap()
-        self.tm.check_bootstrap(bootstrap)
+        self.tm.check_disaggregation(bootstrap, samplings)
         if bootstrap is not None and len(prompts) * req.n > 1:
             raise bad_request("A request paired by `shoal router` (bootstrap_room) has one "
                               "prompt and n = 1.", "bootstrap_room")

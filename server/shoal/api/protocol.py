@@ -51,7 +51,7 @@ class StrictModel(BaseModel):
         return drop_no_ops(data, set(cls.model_fields))
 
 
-class _Bootstrap(StrictModel):
+class BootstrapFields(StrictModel):
     """Where a prefill/decode pair meets (docs/pd.md): `shoal router` adds these, SGLang's
     names, to the body it sends both servers; all three or none."""
 
@@ -60,7 +60,7 @@ class _Bootstrap(StrictModel):
     bootstrap_room: int | None = Field(None, ge=0, lt=SEED_BOUND)
 
     @model_validator(mode="after")
-    def _all_or_none(self) -> _Bootstrap:
+    def _all_or_none(self) -> BootstrapFields:
         given = [self.bootstrap_host, self.bootstrap_port, self.bootstrap_room]
         if any(v is not None for v in given) and any(v is None for v in given):
             raise ValueError("bootstrap_host, bootstrap_port and bootstrap_room go together")
@@ -252,7 +252,7 @@ class ResponseFormat(StrictModel):
         return JSON_OBJECT_SCHEMA if self.type == "json_object" else None
 
 
-class _OpenAISampling(_Sampling, _Bootstrap, OpenAIMetadata):
+class _OpenAISampling(_Sampling, BootstrapFields, OpenAIMetadata):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     min_tokens: int = Field(0, ge=0)  # vLLM/SGLang extension: stop tokens masked until then
@@ -508,7 +508,7 @@ class NativeSampling(_Sampling):
         return value
 
 
-class GenerateRequest(_Bootstrap):
+class GenerateRequest(BootstrapFields):
     """Native `/generate`: exactly one of `text` and `input_ids`."""
 
     text: str | None = None

@@ -12,7 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from shoal.api.protocol import OpenAIMetadata, StreamOptions, StrictModel, options_need_stream
+from shoal.api.protocol import (
+    BootstrapFields,
+    OpenAIMetadata,
+    StreamOptions,
+    StrictModel,
+    options_need_stream,
+)
 from shoal.ipc.messages import SamplingParams
 
 INPUT_TEXT_TYPES = {"user": "input_text", "system": "input_text", "developer": "input_text",
@@ -62,7 +68,7 @@ class TextConfig(StrictModel):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(OpenAIMetadata):
+class ResponsesRequest(BootstrapFields, OpenAIMetadata):
     ignored_fields = OpenAIMetadata.ignored_fields | {"parallel_tool_calls"}
 
     input: str | list[InputMessage]

@@ -60,6 +60,8 @@ class ResponsesServing:
             raise bad_request(str(exc), "input") from exc
         input_ids = tm.tokenize_chat(messages)
         sampling = req.to_sampling(tm.max_new_tokens(len(input_ids), req.max_output_tokens, None))
+        bootstrap = req.bootstrap()
+        tm.check_disaggregation(bootstrap, [sampling])
         rid = uuid.uuid4().hex
         base = ResponseObject(id=f"resp_{rid}", created_at=int(time.time()), status="in_progress",
                               model=tm.model_name, instructions=req.instructions,
@@ -68,10 +70,10 @@ class ResponsesServing:
                               metadata=req.metadata or {}, user=req.user)
         if req.stream:
             outputs = tm.generate(input_ids, sampling, rid=rid, stream=True,
-                                  is_disconnected=raw.is_disconnected)
+                                  is_disconnected=raw.is_disconnected, bootstrap=bootstrap)
             return typed_sse_response(self._events(base, outputs))
         result = await tm.generate_full(input_ids, sampling, rid=rid,
-                                        is_disconnected=raw.is_disconnected)
+                                        is_disconnected=raw.is_disconnected, bootstrap=bootstrap)
         return finished(base, result.text, result)
 
     async def _events(self, base: ResponseObject,

@@ -164,6 +164,9 @@ class TokenizerManager:
         self._loop_task: asyncio.Task[None] | None = None
         self._pending_replies: dict[str, asyncio.Future[ControlReply]] = {}
         self._token_texts: dict[int, str] = {}
+        # no token stands for more characters than its vocabulary entry has (byte-level BPE:
+        # one character per byte), so a text this many times the context cannot fit it
+        self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
         self.metrics = RequestMetrics() if args.enable_metrics else None
         self.embeddings = EmbeddingClient(self._send)
 
@@ -226,7 +229,18 @@ class TokenizerManager:
     # ---- tokenization and limits ----------------------------------------------------------------
 
     def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(unicode_text(text, "prompt"))
+        return self.tokenizer.encode(self._fitting_text(text, "prompt"))
+
+    def _fitting_text(self, text: str, param: str) -> str:
+        """`text` to tokenize, or a 400 when it is not Unicode or is too long for the context
+        whatever its tokens (refused before a multi-megabyte text holds the event loop)."""
+        context_length = self.context_length
+        if context_length and len(text) > context_length * self.max_token_chars:
+            raise bad_request(
+                f"The input ({len(text)} characters) is longer than the model's context length "
+                f"({context_length} tokens) can hold: no token of this model is longer than "
+                f"{self.max_token_chars} characters.", param)
+        return unicode_text(text, param)
 
     @property
     def template_renders_tools(self) -> bool:
@@ -241,7 +255,8 @@ class TokenizerManager:
                                                       add_generation_prompt=True, tokenize=False)
         except (TemplateError, ValueError) as exc:
             raise bad_request(f"Cannot apply the chat template: {exc}", "messages") from exc
-        return self.tokenizer.encode(unicode_text(text, "messages"), add_special_tokens=False)
+        return self.tokenizer.encode(self._fitting_text(text, "messages"),
+                                     add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -262,15 +277,24 @@ class TokenizerManager:
             raise bad_request(f"Token id {bad} is out of the vocabulary [0, {self.vocab_size}).",
                               param)
 
-    def check_bootstrap(self, bootstrap: BootstrapInfo | None) -> None:
-        """A prefill or decode server serves the requests `shoal router` paired (docs/pd.md)."""
+    def check_disaggregation(self, bootstrap: BootstrapInfo | None,
+                             samplings: list[SamplingParams]) -> None:
+        """A prefill or decode server serves the requests `shoal router` paired (docs/pd.md),
+        without structured outputs."""
         mode = self.args.disaggregation_mode
-        if mode != "null" and bootstrap is None:
+        if mode == "null":
+            return
+        if bootstrap is None:
             other = "decode" if mode == "prefill" else "prefill"
             raise bad_request(
                 f"This is a {mode} server (--disaggregation-mode {mode}): send requests through "
                 f"`shoal router`, which pairs it with a {other} server (bootstrap_host, "
                 f"bootstrap_port and bootstrap_room are missing).", "bootstrap_room")
+        if any(s.is_constrained for s in samplings):
+            raise bad_request(
+                "Structured outputs (response_format, json_schema, regex, ebnf, and tools with "
+                "tool_choice 'required' or a named function) are not served with prefill/decode "
+                "disaggregation; send them to a colocated server.", "response_format")
 
     def max_new_tokens(self, prompt_len: int, requested: int | None, default: int | None) -> int:
         # NOTE: one request must fit both the context window and the whole KV cache.

@@ -46,6 +46,10 @@ class SamplingParams(msgspec.Struct, array_like=True, kw_only=True):
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
+    def is_constrained(self) -> bool:
+        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
+
+    @property
     def processes_logits(self) -> bool:
         """Whether anything changes the logits before sampling (else greedy is a plain argmax)."""
         return bool(self.frequency_penalty or self.presence_penalty

@@ -45,7 +45,7 @@ def create_app(args: RouterArgs) -> FastAPI:
         app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
     app.state.pool = pool
 
-    for path in ("/v1/chat/completions", "/v1/completions", "/generate"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"):
         app.add_api_route(path, _forwarder(proxy, path), methods=["POST"])
 
     @app.get("/v1/models")

@@ -90,10 +90,12 @@ class Upstream:
 
 
 def prompt_text(body: dict[str, Any]) -> str:
-    """The text cache_aware matches on: the chat messages, the prompt, or /generate's input."""
-    if isinstance(body.get("messages"), list):
+    """The text cache_aware matches on: the chat messages (a response's input messages), the
+    prompt, or /generate's input."""
+    messages = body.get("messages", body.get("input"))
+    if isinstance(messages, list):
         parts = []
-        for message in body["messages"]:
+        for message in messages:
             if isinstance(message, dict):
                 content = message.get("content")
                 if isinstance(content, list):
@@ -101,7 +103,7 @@ def prompt_text(body: dict[str, Any]) -> str:
                                       if isinstance(p, dict))
                 parts.append(f"{message.get('role')}: {content}\n")
         return "".join(parts)
-    for key in ("prompt", "text", "input_ids"):
+    for key in ("prompt", "text", "input_ids", "input"):
         value = body.get(key)
         if value is not None:
             return value if isinstance(value, str) else json.dumps(value)

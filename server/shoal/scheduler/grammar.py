@@ -60,10 +60,6 @@ class Grammars:
         return xgr.GrammarMatcher(compiled)
 
 
-def has_constraint(params: SamplingParams) -> bool:
-    return params.json_schema is not None or params.regex is not None or params.ebnf is not None
-
-
 def accept(req: Req, token: int) -> FinishReason | None:
     """Advance the request's matcher with its newest token; `stop` once the grammar ends."""
     if req.grammar is None:

@@ -307,7 +307,7 @@ class Scheduler:
 
     def _attach_grammar(self, req: Req) -> str | None:
         """Give a constrained request its grammar matcher; what is wrong when it cannot."""
-        if not grammar.has_constraint(req.sampling):
+        if not req.sampling.is_constrained:
             return None
         if self.grammars is None:
             return "structured outputs are not served by this scheduler"

@@ -23,7 +23,7 @@ from tests.support.kube.cluster import RunningCluster
 from tests.support.wait import wait_until
 from tests.support.helm import OPERATOR_PERMISSIONS
 
-CREATED_S = 60.0
+CREATED_S = 180.0  # the operator pod starts (kopf, the client) first: ~60 s on a loaded host
 MD = ("shoal.dev", "v1alpha1", "modeldeployments")
 # no engine pod to wait for: the test is about who handles it (status, Services, finalizer)
 MODEL_DEPLOYMENT = {"apiVersion": "shoal.dev/v1alpha1", "kind": "ModelDeployment",
