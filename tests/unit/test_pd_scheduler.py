@@ -17,6 +17,7 @@ import torch
 from shoal.disaggregation.decode import DecodeTransfer
 from shoal.disaggregation.layout import LocalModel, layout_of
 from shoal.disaggregation.prefill import PrefillTransfer
+from shoal.disaggregation.ranks import KVPoll
 from shoal.disaggregation.rooms import TransferCounters
 from shoal.disaggregation.transport import Transport
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
@@ -337,6 +338,9 @@ def test_an_abort_during_the_transfer_ends_it_on_both_sides(
     wait_until(lambda: trio.decode.scheduler.role.info()["kv_tokens_received"] == 32, 10,
                "two chunks arrive")
     getattr(trio, side).io.inbox.put(AbortReq(rid="long"))
+    if side == "decode":  # the prefill hears it over the KV channel while its forward waits
+        wait_until(lambda: trio.prefill.scheduler.role.transfer.poll([trio.next_room]) == [
+            KVPoll.FAILED], 10, "the prefill's channel hears the decode ended the transfer")
     gate.release(1000)  # the prefill's third forward was waiting: the abort comes after it
     wait_until(lambda: trio.decode.io.finishes("long") and trio.prefill.io.finishes("long"),
                10, "both sides end the request")
