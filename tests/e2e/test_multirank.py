@@ -1,8 +1,10 @@
-"""Acceptance (ranks): TP/PP parity, multi-node groups, watchdog, consensus, failure propagation."""
+"""Acceptance (ranks): TP/PP parity (structured outputs too), multi-node groups, watchdog,
+consensus, failure propagation."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -10,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import jsonschema
 import psutil
 import pytest
 from transformers import PreTrainedTokenizerBase
@@ -59,11 +62,36 @@ def test_parallel_greedy_equals_tp1(tmp_path: Path, model_path: str, flags: tupl
         schedulers = {t for t in server.component_pids() if t.startswith("shoal::scheduler")}
         assert schedulers == titles
         outputs = greedy_outputs(server.base_url, prompt_ids, NEW_TOKENS)
+        _assert_constrained_outputs_hold(server.base_url)
     finally:
         server.stop()
     for ids, expected, got in zip(prompt_ids, tp1_outputs, outputs):
         assert len(got) == NEW_TOKENS
         assert_same_or_tie(model_path, ids, expected, got)
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 10},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"], "additionalProperties": False}
+
+
+def _assert_constrained_outputs_hold(base_url: str) -> None:
+    """Structured outputs across ranks: every rank's step follows the one grammar-masked token
+    the sampling rank chose (greedy and sampled)."""
+    for temperature in (0.0, 1.0):
+        r = httpx.post(base_url + "/v1/completions", timeout=120, json={
+            "prompt": "A person as JSON:", "max_tokens": 48, "temperature": temperature,
+            "seed": 7, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "person", "schema": PERSON, "strict": True}}})
+        assert r.status_code == 200, r.text
+        jsonschema.validate(json.loads(r.json()["choices"][0]["text"]), PERSON)
+        r = httpx.post(base_url + "/generate", timeout=120, json={
+            "text": "A phone number:", "sampling_params": {
+                "regex": "[0-9]{3}-[0-9]{4}", "temperature": temperature, "seed": 7,
+                "max_new_tokens": 16}})
+        assert r.status_code == 200, r.text
+        assert re.fullmatch("[0-9]{3}-[0-9]{4}", r.json()["text"]), r.json()["text"]
 
 
 def test_two_nodes_form_one_server(tmp_path: Path) -> None:
