@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from shoal import model_store
@@ -40,3 +43,30 @@ def load_tokenizer_or_fail(model_path: str) -> PreTrainedTokenizerBase:
         return load_tokenizer(model_path)
     except (OSError, ValueError) as exc:
         raise StartupFailed(f"cannot load the tokenizer of {model_path}: {exc}") from exc
+
+
+_COMPOSING = {"NFC", "NFKC"}  # may shorten a text: a base and a mark (or 3 jamo) become one
+
+
+def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """An upper bound on how many characters of input one token stands for, or None where none
+    holds. A BPE token covers at most its vocabulary entry's length (byte-level: a character
+    per byte), and a composing normalizer shortens a text at most 3x; WordPiece's [UNK] and a
+    fused BPE unknown cover a whole word, so they have no bound."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    config = json.loads(backend.to_str())
+    model = config["model"]
+    if model["type"] != "BPE" or (model.get("fuse_unk") and not model.get("byte_fallback")):
+        return None
+    longest = max(map(len, tokenizer.get_vocab()), default=1)
+    return longest * (3 if _composes(config.get("normalizer")) else 1)
+
+
+def _composes(normalizer: dict[str, Any] | None) -> bool:
+    if normalizer is None:
+        return False
+    if normalizer["type"] == "Sequence":
+        return any(_composes(n) for n in normalizer["normalizers"])
+    return normalizer["type"] in _COMPOSING

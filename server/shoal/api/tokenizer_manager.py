@@ -48,7 +48,7 @@ from shoal.ipc.messages import (
     decode,
 )
 from shoal.metrics.api_metrics import RequestMetrics
-from shoal.tokenizer import served_model_name
+from shoal.tokenizer import max_chars_per_token, served_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -164,9 +164,7 @@ class TokenizerManager:
         self._loop_task: asyncio.Task[None] | None = None
         self._pending_replies: dict[str, asyncio.Future[ControlReply]] = {}
         self._token_texts: dict[int, str] = {}
-        # no token stands for more characters than its vocabulary entry has (byte-level BPE:
-        # one character per byte), so a text this many times the context cannot fit it
-        self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
+        self.max_token_chars = max_chars_per_token(tokenizer)
         self.metrics = RequestMetrics() if args.enable_metrics else None
         self.embeddings = EmbeddingClient(self._send)
 
@@ -234,12 +232,12 @@ class TokenizerManager:
     def _fitting_text(self, text: str, param: str) -> str:
         """`text` to tokenize, or a 400 when it is not Unicode or is too long for the context
         whatever its tokens (refused before a multi-megabyte text holds the event loop)."""
-        context_length = self.context_length
-        if context_length and len(text) > context_length * self.max_token_chars:
+        context_length, most = self.context_length, self.max_token_chars
+        if context_length and most and len(text) > context_length * most:
             raise bad_request(
                 f"The input ({len(text)} characters) is longer than the model's context length "
-                f"({context_length} tokens) can hold: no token of this model is longer than "
-                f"{self.max_token_chars} characters.", param)
+                f"({context_length} tokens) can hold: no token of this model stands for more "
+                f"than {most} characters.", param)
         return unicode_text(text, param)
 
     @property
