@@ -50,7 +50,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     SHOAL_CACHE_DIR=/opt/shoal \
     SHOAL_HOST=0.0.0.0 \
-    SHOAL_PORT=30000
+    SHOAL_PORT=30000 \
+    NUMBA_CACHE_DIR=/tmp/numba-cache
 RUN useradd --no-log-init --create-home --uid 10001 --user-group shoal \
     && mkdir -p /models \
     && chown shoal:shoal /models

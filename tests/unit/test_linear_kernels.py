@@ -7,6 +7,7 @@ import os
 import signal
 
 import pytest
+import threadpoolctl
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,6 +73,26 @@ def test_choice_skips_untimed_kernels_and_fails_without_any() -> None:
     assert choose(seconds, kernels).kernels == ("slow",) * len(ROW_BUCKETS)
     with pytest.raises(RuntimeError):
         choose({}, kernels)
+
+
+def test_a_kernel_timed_in_some_buckets_is_chosen_there_and_others_elsewhere() -> None:
+    kernels = _kernels(("mkl-col", "col"), ("one-thread-col", "col"), ("mkl-row", "row"))
+    seconds = {(name, b): 1.0 for name in ("mkl-col", "mkl-row") for b in range(len(ROW_BUCKETS))}
+    seconds |= {("one-thread-col", b): 0.5 for b in range(len(ROW_BUCKETS) - 1)}
+    choice = choose(seconds, kernels)
+    assert choice.layout == "col"
+    assert choice.kernels == ("one-thread-col",) * (len(ROW_BUCKETS) - 1) + ("mkl-col",)
+
+
+@pytest.mark.parametrize("threads, one_thread_buckets", [
+    ((1, 2), set(range(len(ROW_BUCKETS) - 1))), ((2, 2), set()), ((1, 1), set(range(4)))])
+def test_a_one_thread_kernel_is_timed_only_where_products_run_on_one_thread(
+        threads: tuple[int, int], one_thread_buckets: set[int]) -> None:
+    kernels = (Kernel("any", "row", lambda x, w: F.linear(x, w.weight)),
+               Kernel("single", "row", lambda x, w: F.linear(x, w.weight), one_thread=True))
+    seconds = linear_kernels.measure(kernels, 24, 16, threads)
+    assert {b for name, b in seconds if name == "single"} == one_thread_buckets
+    assert {b for name, b in seconds if name == "any"} == set(range(len(ROW_BUCKETS)))
 
 
 @pytest.mark.parametrize("rows, bucket", [(1, 0), (2, 1), (11, 1), (12, 2), (255, 2),
@@ -162,3 +183,10 @@ def test_large_forwards_run_on_more_threads_and_restore_the_count() -> None:
             assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
+
+
+def test_numpy_blas_runs_on_one_thread_once_kernels_are_chosen(model: _Tied) -> None:
+    """Its idle workers would spin beside torch's OpenMP threads (linear_kernels' docstring)."""
+    prepare_linears(model, "none", threads=(2, 2))
+    blas = [lib for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    assert blas and all(lib["num_threads"] == 1 for lib in blas)

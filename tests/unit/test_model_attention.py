@@ -1,10 +1,12 @@
-"""TorchNativeBackend against a plain per-request softmax attention over the same K/V."""
+"""TorchNativeBackend against a plain per-request softmax attention over the same K/V, with
+decode rows attending in place (`shoal.engine.decode_attention`) and through SDPA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from shoal.engine import decode_attention
 from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool
 from shoal.models.forward_batch import ForwardBatch
@@ -23,12 +25,14 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     return torch.einsum("hqk,khd->qhd", weights, v)
 
 
+@pytest.mark.parametrize("in_place_decode", [True, False], ids=["in-place", "sdpa"])
 @pytest.mark.parametrize("extend_lens, prefix_lens", [
     ([1, 4, 1, 6], [5, 3, 9, 0]),   # decode and extend rows interleaved
     ([1, 1, 1], [4, 0, 11]),        # all decode
     ([7], [0]),                     # a single prefill
 ])
-def test_backend_matches_reference(extend_lens: list[int], prefix_lens: list[int]) -> None:
+def test_backend_matches_reference(extend_lens: list[int], prefix_lens: list[int],
+                                   in_place_decode: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(1, 64, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
     req_to_token = ReqToTokenPool(6, 32, torch.device("cpu"))
@@ -55,7 +59,7 @@ def test_backend_matches_reference(extend_lens: list[int], prefix_lens: list[int
         seq_lens=torch.tensor([p + n for p, n in zip(prefix_lens, extend_lens)]),
         extend_lens=extend_lens)
 
-    backend = TorchNativeBackend(pool, req_to_token)
+    backend = TorchNativeBackend(pool, req_to_token, in_place_decode)
     backend.prepare(batch)
     out = backend.forward(0, q, torch.cat(new_k), torch.cat(new_v))
 
@@ -64,3 +68,19 @@ def test_backend_matches_reference(extend_lens: list[int], prefix_lens: list[int
         for q_part, k, v, prefix_len in zip(q.split(extend_lens), full_k, full_v, prefix_lens)])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pool.k[0][batch.out_cache_loc], torch.cat(new_k))
+
+
+def test_in_place_decode_runs_on_this_host() -> None:
+    """The CPU path the engine takes by default: a host where it cannot run would silently fall
+    back to SDPA, so the CI host proves it runs (and the backend picks it)."""
+    assert decode_attention.usable()
+    pool = KVPool(1, 8, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
+    assert TorchNativeBackend(pool, ReqToTokenPool(2, 8, torch.device("cpu"))).in_place_decode
+
+
+def test_in_place_decode_needs_cpu_float32_pools() -> None:
+    pool = KVPool(1, 8, NUM_KV_HEADS, HEAD_DIM, torch.bfloat16, torch.device("cpu"))
+    req_to_token = ReqToTokenPool(2, 8, torch.device("cpu"))
+    assert not TorchNativeBackend(pool, req_to_token).in_place_decode
+    with pytest.raises(ValueError, match="CPU float32"):
+        TorchNativeBackend(pool, req_to_token, in_place_decode=True)

@@ -1,5 +1,6 @@
 """Attention over the paged KV pool: the torch implementation of `AttentionBackend`
-(`shoal.models.attention_backend` states the contract)."""
+(`shoal.models.attention_backend` states the contract), with decode rows on CPU float32 attending
+in place (`shoal.engine.decode_attention`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from shoal.engine import decode_attention
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool
 from shoal.models.attention_backend import AttentionBackend
 from shoal.models.forward_batch import ForwardBatch
@@ -29,6 +31,16 @@ class _Keys:
 
 
 @dataclass(frozen=True)
+class _DecodeRows:
+    """The decode rows of a forward: their rows of the request -> token table and sequence
+    lengths (read in place), or their keys gathered for SDPA."""
+
+    rows: torch.Tensor
+    seq_lens: torch.Tensor
+    keys: _Keys | None
+
+
+@dataclass(frozen=True)
 class _ExtendRow:
     start: int  # the row's new tokens are [start, end) of the batch's token dimension
     end: int
@@ -36,14 +48,25 @@ class _ExtendRow:
 
 
 class TorchNativeBackend(AttentionBackend):
-    """`scaled_dot_product_attention` over gathered K/V: decode rows together in one call,
-    each extend row (prefill chunk) in its own call."""
+    """Decode rows together in one call: in place where `in_place_decode` (CPU float32 pools
+    and the kernel runs here), else `scaled_dot_product_attention` over their gathered K/V;
+    each extend row (prefill chunk) in its own SDPA call."""
 
-    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool) -> None:
+    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool,
+                 in_place_decode: bool | None = None) -> None:
+        """`in_place_decode` None: wherever the pools allow it and the kernel runs here."""
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
+        cpu_float32 = kv_pool.k[0].device.type == "cpu" and kv_pool.k[0].dtype == torch.float32
+        if in_place_decode is None:
+            in_place_decode = cpu_float32 and decode_attention.usable()
+        elif in_place_decode and not cpu_float32:
+            raise ValueError("in-place decode attention needs CPU float32 KV pools")
+        elif in_place_decode and not decode_attention.usable():
+            raise ValueError("the in-place decode attention kernel does not run on this host")
+        self.in_place_decode = in_place_decode
         self._out_cache_loc = torch.empty(0, dtype=torch.int64)
-        self._decode: _Keys | None = None
+        self._decode: _DecodeRows | None = None
         self._decode_tokens: torch.Tensor | None = None  # None: every token is a decode row
         self._extends: list[_ExtendRow] = []
 
@@ -73,15 +96,18 @@ class TorchNativeBackend(AttentionBackend):
                                                device=device)
 
     def _decode_keys(self, rows: torch.Tensor, seq_lens: torch.Tensor, lens: list[int]
-                     ) -> _Keys:
-        """Keys of decode rows; `lens` is `seq_lens` on the host (no device sync)."""
+                     ) -> _DecodeRows:
+        """Decode rows; `lens` is `seq_lens` on the host (no device sync)."""
+        if self.in_place_decode:
+            return _DecodeRows(rows, seq_lens, None)
         max_len = max(lens)
         if min(lens) == max_len:
-            return _Keys(self.req_to_token.table[rows, :max_len], None)
+            return _DecodeRows(rows, seq_lens, _Keys(self.req_to_token.table[rows, :max_len], None))
         positions = torch.arange(max_len, device=seq_lens.device)
         valid = positions[None, :] < seq_lens[:, None]
         slots = self.req_to_token.table[rows, :max_len].masked_fill(~valid, 0)
-        return _Keys(slots, _additive(valid[:, None, None, :], self.kv_pool.k[0].dtype))
+        return _DecodeRows(rows, seq_lens, _Keys(
+            slots, _additive(valid[:, None, None, :], self.kv_pool.k[0].dtype)))
 
     def _extend_keys(self, row: int, extend_len: int, seq_len: int) -> _Keys:
         table = self.req_to_token.table
@@ -98,16 +124,27 @@ class TorchNativeBackend(AttentionBackend):
         self.kv_pool.write(layer, self._out_cache_loc, k, v)
         k_cache, v_cache = self.kv_pool.k[layer], self.kv_pool.v[layer]
         if self._decode is not None and self._decode_tokens is None:
-            return _attend(self._decode, q[:, None], k_cache, v_cache)[:, 0]
+            return self._attend_decode(q, k_cache, v_cache)
         out = torch.empty_like(q)
         if self._decode is not None:
             tokens = self._decode_tokens
             assert tokens is not None
-            out[tokens] = _attend(self._decode, q[tokens, None], k_cache, v_cache)[:, 0]
+            out[tokens] = self._attend_decode(q[tokens], k_cache, v_cache)
         for row in self._extends:
             out[row.start:row.end] = _attend(row.keys, q[None, row.start:row.end],
                                              k_cache, v_cache)[0]
         return out
+
+
+    def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+                       ) -> torch.Tensor:
+        """q [decode rows, heads, dim] -> their attention output."""
+        decode = self._decode
+        assert decode is not None
+        if decode.keys is None:
+            return decode_attention.attend(q, k_cache, v_cache, self.req_to_token.table,
+                                           decode.rows, decode.seq_lens)
+        return _attend(decode.keys, q[:, None], k_cache, v_cache)[:, 0]
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

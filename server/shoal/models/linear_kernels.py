@@ -3,7 +3,8 @@ computes its products, chosen by measuring the candidates on this host when the 
 
 No vendor guess holds on every CPU (docs/benchmarks.md): on one AMD EPYC, MKL's one-row GEMV
 streams a contiguous [in, out] matrix ~1.4x faster than `F.linear` on the row-major weight and
-oneDNN beats MKL on more rows; on an Intel Xeon, oneDNN ran at half of MKL's speed. So after
+oneDNN beats MKL on more rows, and numpy's OpenBLAS ran 4-32-row products 1.4-2x faster than
+either; on an Intel Xeon, oneDNN ran at half of MKL's speed. So after
 loading, `prepare_linears` times every candidate (layout x kernel) for each distinct weight shape
 at a few row counts (`ROW_BUCKETS`, each at the thread count it will run with), keeps the layout
 that is fastest over all of them, and per row bucket the fastest kernel in that layout. A kernel
@@ -16,8 +17,12 @@ sharding, loading and the tied embedding lookup are unchanged). With `--quantiza
 (`shoal.models.quantization`), each weight is int8 per output channel with a float32 scale; its
 products are torch's `_weight_int8pack_mm`, fed bfloat16 activations (the input it is vectorized
 for), or a float32 product of the dequantized weight where that measures faster (prefill). Every
-float32 kernel differs from `F.linear` only in summation order. Elsewhere (CUDA, other dtypes)
-weights stay row-major and `F.linear` runs; an int8 weight runs `_weight_int8pack_mm`.
+float32 kernel differs from `F.linear` only in summation order. numpy's BLAS runs on one thread
+(`_one_blas_thread`; its idle workers would spin beside torch's OpenMP threads), so its kernels
+are candidates only in the row buckets whose products run on one thread: timed at 256 rows
+against 2-thread MKL it looked as fast, and made a 512-token prefill 2.7x slower. Elsewhere
+(CUDA, other dtypes) weights stay row-major and `F.linear` runs; an int8 weight runs
+`_weight_int8pack_mm`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+import threadpoolctl
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -86,6 +93,10 @@ def _onednn(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w.weight, None, "none", [], "")
 
 
+def _numpy(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.weight.t().numpy()))
+
+
 def _int8pack_bf16(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     assert w.scale_bf16 is not None
     return torch._weight_int8pack_mm(x.to(torch.bfloat16), w.weight, w.scale_bf16).to(x.dtype)
@@ -101,12 +112,15 @@ class Kernel:
     name: str
     layout: str  # "row" | "col" (float) or "int8"
     product: Product
+    one_thread: bool = False  # runs on one thread whatever torch's count: timed only there
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
                  *([Kernel("onednn-row", "row", _onednn), Kernel("onednn-col", "col", _onednn)]
-                   if _ONEDNN else []))
+                   if _ONEDNN else []),
+                 Kernel("numpy-row", "row", _numpy, one_thread=True),
+                 Kernel("numpy-col", "col", _numpy, one_thread=True))
 INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
                 Kernel("dequantized", "int8", _dequantized))
 
@@ -150,19 +164,25 @@ class Choice:
 def choose(seconds: dict[tuple[str, int], float], kernels: tuple[Kernel, ...]) -> Choice:
     """From measured seconds per (kernel name, bucket index): the layout whose best kernels lose
     least to the best of all layouts, summed over buckets in log ratio, and per bucket the
-    fastest kernel in that layout. Kernels without a time (failed, not probed) are never chosen."""
-    timed = [k for k in kernels if all((k.name, b) in seconds for b in range(len(ROW_BUCKETS)))]
-    if not timed:
+    fastest kernel in that layout. A kernel without a time in a bucket (failed, not probed, or
+    not a candidate there) is never chosen for it; a layout needs a timed kernel in every one."""
+    buckets = range(len(ROW_BUCKETS))
+
+    def timed(layout: str, bucket: int) -> list[Kernel]:
+        return [k for k in kernels if k.layout == layout and (k.name, bucket) in seconds]
+
+    layouts = sorted(layout for layout in {k.layout for k in kernels}
+                     if all(timed(layout, b) for b in buckets))
+    if not layouts:
         raise RuntimeError("no linear kernel ran on this host")
-    best = [min(seconds[k.name, b] for k in timed) for b in range(len(ROW_BUCKETS))]
-    layouts = sorted({k.layout for k in timed})
+    best = [min(seconds[k.name, b] for layout in layouts for k in timed(layout, b))
+            for b in buckets]
 
     def best_in(layout: str, bucket: int) -> Kernel:
-        return min((k for k in timed if k.layout == layout), key=lambda k: seconds[k.name, bucket])
+        return min(timed(layout, bucket), key=lambda k: seconds[k.name, bucket])
 
     def loss(layout: str) -> float:
-        return sum(math.log(seconds[best_in(layout, b).name, b] / best[b])
-                   for b in range(len(ROW_BUCKETS)))
+        return sum(math.log(seconds[best_in(layout, b).name, b] / best[b]) for b in buckets)
 
     layout = min(layouts, key=loss)
     return Choice(layout, tuple(best_in(layout, b).name for b in range(len(ROW_BUCKETS))))
@@ -203,7 +223,8 @@ def _time(kernel: Kernel, weights: list[StoredWeight], x: torch.Tensor, give_up:
 def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int, int]
             ) -> dict[tuple[str, int], float]:
     """Seconds per product of each kernel at each row bucket for an [out, in] weight; buckets
-    before the last at `threads[0]` torch threads, the last at `threads[1]`."""
+    before the last at `threads[0]` torch threads, the last at `threads[1]`. A `one_thread`
+    kernel is timed only in buckets that run on one thread."""
     out = min(out, _MEASURE_MAX_OUT)
     streamed = {k.name: _candidate_weights(k, out, inp, min(_MAX_COPIES, math.ceil(
         _STREAM_BYTES / (out * inp * (1 if k.layout == "int8" else 4))))) for k in kernels}
@@ -211,10 +232,13 @@ def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int,
     seconds: dict[tuple[str, int], float] = {}
     try:
         for b, rows in enumerate(ROW_BUCKETS):
-            torch.set_num_threads(threads[1] if b == len(ROW_BUCKETS) - 1 else threads[0])
+            count = threads[1] if b == len(ROW_BUCKETS) - 1 else threads[0]
+            torch.set_num_threads(count)
             x = torch.randn(rows, inp)
             best = math.inf
             for kernel in kernels:
+                if kernel.one_thread and count > 1:
+                    continue
                 weights = streamed[kernel.name]
                 seconds[kernel.name, b] = _time(
                     kernel, weights if rows <= _MEMORY_BOUND_ROWS else weights[:1], x,
@@ -291,7 +315,14 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
 
 @functools.cache
 def _usable_kernels(quantize: bool) -> tuple[Kernel, ...]:
+    _one_blas_thread()
     return _usable(INT8_KERNELS if quantize else FLOAT_KERNELS)
+
+
+@functools.cache
+def _one_blas_thread() -> None:
+    """numpy's BLAS (the `numpy-*` kernels) on one thread, for the life of the process."""
+    threadpoolctl.threadpool_limits(1, user_api="blas")
 
 
 @functools.cache

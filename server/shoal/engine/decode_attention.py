@@ -1,0 +1,142 @@
+"""Decode attention on the CPU that reads K/V where they lie in the paged pool.
+
+The torch path (`shoal.engine.attention`) gathers each decode row's K/V into a padded copy and
+runs `scaled_dot_product_attention`, whose CPU kernel runs a pair of small GEMMs per request and
+head: at batch 32 over 256 tokens of context that is ~7 ms of a layer on 2 AMD EPYC cores, a
+third of the decode step (docs/benchmarks.md). This kernel walks each request's slots in the
+request -> token table and computes the scores, the softmax and the weighted sum of V in one
+pass per request, in parallel over requests (numba's `omp` threading layer loads the libgomp
+torch already holds, so both share one OpenMP runtime): ~1 ms there. It sums in another order
+than SDPA, as every float32 kernel of the engine may; float32 only.
+
+The kernel is compiled by numba when first used (a few seconds), cached under numba's cache
+directory (`NUMBA_CACHE_DIR`; the image points it at /tmp) where one is writable. Before this
+process relies on it, its serial twin (the same code and instructions, no OpenMP: GNU OpenMP
+hangs in a child forked from a process that ran it) runs in a forked child (`usable`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numba
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shoal.models.kernel_probe import runs_in_child
+
+logger = logging.getLogger(__name__)
+
+# No "nnan"/"ninf": a score may be any float; reassociation lets the dot products vectorize.
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+
+def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
+            rows: np.ndarray, seq_lens: np.ndarray, scale: np.float32, out: np.ndarray
+            ) -> None:
+    """out[r] = softmax(q[r] K^T * scale) V over the slots table[rows[r], :seq_lens[r]]; query
+    head h reads KV head h // (heads // kv_heads)."""
+    requests, heads, dim = q.shape
+    group = heads // k_pool.shape[1]
+    for r in numba.prange(requests):
+        row = rows[r]
+        n = seq_lens[r]
+        scores = np.empty((heads, n), np.float32)
+        q_r = q[r] * scale
+        for t in range(n):
+            k_t = k_pool[table[row, t]]
+            for h in range(heads):
+                k_h = k_t[h // group]
+                q_h = q_r[h]
+                acc = np.float32(0.0)
+                for d in range(dim):
+                    acc += q_h[d] * k_h[d]
+                scores[h, t] = acc
+        for h in range(heads):
+            s = scores[h]
+            top = s.max()
+            total = np.float32(0.0)
+            for t in range(n):
+                e = np.exp(s[t] - top)
+                s[t] = e
+                total += e
+            inverse = np.float32(1.0) / total
+            for t in range(n):
+                s[t] *= inverse
+        out_r = out[r]
+        out_r[:] = 0.0
+        for t in range(n):
+            v_t = v_pool[table[row, t]]
+            for h in range(heads):
+                p = scores[h, t]
+                v_h = v_t[h // group]
+                o_h = out_r[h]
+                for d in range(dim):
+                    o_h[d] += p * v_h[d]
+
+
+def _compile(parallel: bool) -> numba.core.registry.CPUDispatcher:
+    options = {"parallel": parallel, "nogil": True, "boundscheck": False, "fastmath": _FASTMATH}
+    try:
+        return numba.njit(cache=True, **options)(_attend)
+    except RuntimeError:  # no writable cache directory: compile in every process
+        logger.info("no numba cache directory is writable; decode attention compiles per process")
+        return numba.njit(**options)(_attend)
+
+
+_kernel = _compile(parallel=True)
+_serial_kernel = _compile(parallel=False)
+
+
+def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
+           rows: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """q [requests, heads, dim] -> the attention output of the same shape: request r's query
+    attends to the K/V in slots `table[rows[r], :seq_lens[r]]` of the pool buffers k_pool /
+    v_pool [slots, kv_heads, dim]. CPU float32 tensors, int64 indices; on torch's threads."""
+    if not usable():
+        raise RuntimeError("the in-place decode attention kernel does not run on this host")
+    return _run(q, k_pool, v_pool, table, rows, seq_lens)
+
+
+def _run(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
+         rows: torch.Tensor, seq_lens: torch.Tensor, parallel: bool = True) -> torch.Tensor:
+    out = torch.empty(q.shape, dtype=q.dtype)
+    args = (q.contiguous().numpy(), k_pool.numpy(), v_pool.numpy(), table.numpy(), rows.numpy(),
+            seq_lens.numpy(), np.float32(q.shape[-1] ** -0.5), out.numpy())
+    if parallel:
+        numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+        _kernel(*args)
+    else:
+        _serial_kernel(*args)
+    return out
+
+
+@functools.cache
+def usable() -> bool:
+    """Whether the kernel runs here and agrees with SDPA on a small case (its serial twin first
+    in a forked child: a VM may list an instruction set LLVM uses and trap it)."""
+    return runs_in_child("decode-attention", _check) and _agrees(parallel=True)
+
+
+def _check() -> None:
+    if not _agrees(parallel=False):
+        raise ArithmeticError("decode attention disagrees with SDPA on a small case")
+
+
+def _agrees(parallel: bool) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    k_pool, v_pool = (torch.randn(40, 2, 16, generator=gen) for _ in range(2))
+    table = torch.randperm(40, generator=gen)[:36].view(3, 12)
+    rows, seq_lens = torch.tensor([2, 0]), torch.tensor([12, 5])
+    q = torch.randn(2, 4, 16, generator=gen)
+    out = _run(q, k_pool, v_pool, table, rows, seq_lens, parallel)
+    for r in range(2):
+        slots = table[rows[r], :seq_lens[r]]
+        expected = F.scaled_dot_product_attention(
+            q[r][:, None], k_pool[slots].transpose(0, 1), v_pool[slots].transpose(0, 1),
+            enable_gqa=True)[:, 0]
+        if not torch.allclose(out[r], expected, atol=1e-5, rtol=1e-4):
+            return False
+    return True
