@@ -2,12 +2,14 @@
 
 The torch path (`shoal.engine.attention`) gathers each decode row's K/V into a padded copy and
 runs `scaled_dot_product_attention`, whose CPU kernel runs a pair of small GEMMs per request and
-head: at batch 32 over 256 tokens of context that is ~7 ms of a layer on 2 AMD EPYC cores, a
-third of the decode step (docs/benchmarks.md). This kernel walks each request's slots in the
-request -> token table and computes the scores, the softmax and the weighted sum of V in one
-pass per request, in parallel over requests (numba's `omp` threading layer loads the libgomp
-torch already holds, so both share one OpenMP runtime): ~1 ms there. It sums in another order
-than SDPA, as every float32 kernel of the engine may; float32 only.
+head: at batch 32 over 256 tokens of context that is 5-6 ms of a layer on one AMD EPYC core,
+~40% of the decode step with the gathers (docs/benchmarks.md). This kernel walks each request's
+slots in the request -> token table and computes the scores, the softmax and the weighted sum
+of V in one pass per request, in parallel over requests on as many threads as torch runs
+(numba's threading layer, GNU OpenMP where the system has it: a second runtime beside torch's
+bundled copy, which starts no thread when decode runs on one, as on a 2-core host): ~2 ms
+there. It sums in another order than SDPA, as every float32 kernel of the engine may; float32
+only.
 
 The kernel is compiled by numba when first used (a few seconds), cached under numba's cache
 directory (`NUMBA_CACHE_DIR`; the image points it at /tmp) where one is writable. Before this
