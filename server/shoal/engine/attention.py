@@ -135,7 +135,6 @@ class TorchNativeBackend(AttentionBackend):
                                              k_cache, v_cache)[0]
         return out
 
-
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                        ) -> torch.Tensor:
         """q [decode rows, heads, dim] -> their attention output."""

@@ -93,17 +93,11 @@ _serial_kernel = _compile(parallel=False)
 
 
 def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
-           rows: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+           rows: torch.Tensor, seq_lens: torch.Tensor, parallel: bool = True) -> torch.Tensor:
     """q [requests, heads, dim] -> the attention output of the same shape: request r's query
     attends to the K/V in slots `table[rows[r], :seq_lens[r]]` of the pool buffers k_pool /
-    v_pool [slots, kv_heads, dim]. CPU float32 tensors, int64 indices; on torch's threads."""
-    if not usable():
-        raise RuntimeError("the in-place decode attention kernel does not run on this host")
-    return _run(q, k_pool, v_pool, table, rows, seq_lens)
-
-
-def _run(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
-         rows: torch.Tensor, seq_lens: torch.Tensor, parallel: bool = True) -> torch.Tensor:
+    v_pool [slots, kv_heads, dim]. CPU float32 tensors, int64 indices; on torch's threads (or
+    one, `parallel` False). Ask `usable()` before the first call in a process."""
     out = torch.empty(q.shape, dtype=q.dtype)
     args = (q.contiguous().numpy(), k_pool.numpy(), v_pool.numpy(), table.numpy(), rows.numpy(),
             seq_lens.numpy(), np.float32(q.shape[-1] ** -0.5), out.numpy())
@@ -133,7 +127,7 @@ def _agrees(parallel: bool) -> bool:
     table = torch.randperm(40, generator=gen)[:36].view(3, 12)
     rows, seq_lens = torch.tensor([2, 0]), torch.tensor([12, 5])
     q = torch.randn(2, 4, 16, generator=gen)
-    out = _run(q, k_pool, v_pool, table, rows, seq_lens, parallel)
+    out = attend(q, k_pool, v_pool, table, rows, seq_lens, parallel)
     for r in range(2):
         slots = table[rows[r], :seq_lens[r]]
         expected = F.scaled_dot_product_attention(

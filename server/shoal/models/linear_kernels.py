@@ -18,7 +18,7 @@ sharding, loading and the tied embedding lookup are unchanged). With `--quantiza
 products are torch's `_weight_int8pack_mm`, fed bfloat16 activations (the input it is vectorized
 for), or a float32 product of the dequantized weight where that measures faster (prefill). Every
 float32 kernel differs from `F.linear` only in summation order. numpy's BLAS runs on one thread
-(`_one_blas_thread`; its idle workers would spin beside torch's OpenMP threads), so its kernels
+(set by `prepare_linears`; idle workers would spin beside torch's OpenMP threads), so its kernels
 are candidates only in the row buckets whose products run on one thread: timed at 256 rows
 against 2-thread MKL it looked as fast, and made a 512-token prefill 2.7x slower. Elsewhere
 (CUDA, other dtypes) weights stay row-major and `F.linear` runs; an int8 weight runs
@@ -299,6 +299,8 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
         choices = {tuple(p.shape): Choice(fallback.layout, (fallback.name,) * len(ROW_BUCKETS))
                    for p in params}
     else:
+        # numpy's BLAS (the `numpy-*` kernels) on one thread, for the life of the process
+        threadpoolctl.threadpool_limits(1, user_api="blas")
         count = torch.get_num_threads()
         threads = threads or (count, count)
         choices = {shape: _measured_choice(quantize, shape, threads)
@@ -315,14 +317,7 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
 
 @functools.cache
 def _usable_kernels(quantize: bool) -> tuple[Kernel, ...]:
-    _one_blas_thread()
     return _usable(INT8_KERNELS if quantize else FLOAT_KERNELS)
-
-
-@functools.cache
-def _one_blas_thread() -> None:
-    """numpy's BLAS (the `numpy-*` kernels) on one thread, for the life of the process."""
-    threadpoolctl.threadpool_limits(1, user_api="blas")
 
 
 @functools.cache
