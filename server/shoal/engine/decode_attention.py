@@ -11,16 +11,15 @@ bundled copy, which starts no thread when decode runs on one, as on a 2-core hos
 there. It sums in another order than SDPA, as every float32 kernel of the engine may; float32
 only.
 
-The kernel is compiled by numba when first used (a few seconds), cached under numba's cache
-directory (`NUMBA_CACHE_DIR`; the image points it at /tmp) where one is writable. Before this
-process relies on it, its serial twin (the same code and instructions, no OpenMP: GNU OpenMP
-hangs in a child forked from a process that ran it) runs in a forked child (`usable`).
+The kernel is compiled by numba when first used (`shoal.models.numba_kernels`: a few seconds,
+then cached). Before this process relies on it, its serial build (the same code and
+instructions, no OpenMP: GNU OpenMP hangs in a child forked from a process that ran it) runs in a
+forked child (`usable`).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 
 import numba
 import numpy as np
@@ -28,11 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.models.kernel_probe import runs_in_child
-
-logger = logging.getLogger(__name__)
-
-# No "nnan"/"ninf": a score may be any float; reassociation lets the dot products vectorize.
-_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+from shoal.models.numba_kernels import Twins
 
 
 def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
@@ -79,17 +74,7 @@ def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.nda
                     o_h[d] += p * v_h[d]
 
 
-def _compile(parallel: bool) -> numba.core.registry.CPUDispatcher:
-    options = {"parallel": parallel, "nogil": True, "boundscheck": False, "fastmath": _FASTMATH}
-    try:
-        return numba.njit(cache=True, **options)(_attend)
-    except RuntimeError:  # no writable cache directory: compile in every process
-        logger.info("no numba cache directory is writable; decode attention compiles per process")
-        return numba.njit(**options)(_attend)
-
-
-_kernel = _compile(parallel=True)
-_serial_kernel = _compile(parallel=False)
+_kernel = Twins(_attend)
 
 
 def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
@@ -101,11 +86,7 @@ def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: t
     out = torch.empty(q.shape, dtype=q.dtype)
     args = (q.contiguous().numpy(), k_pool.numpy(), v_pool.numpy(), table.numpy(), rows.numpy(),
             seq_lens.numpy(), np.float32(q.shape[-1] ** -0.5), out.numpy())
-    if parallel:
-        numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-        _kernel(*args)
-    else:
-        _serial_kernel(*args)
+    _kernel.run(*args, parallel=parallel)
     return out
 
 

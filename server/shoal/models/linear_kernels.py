@@ -15,8 +15,10 @@ Storage: float32 CPU weights go to one transparent-huge-page arena (another ~10%
 every weight once per decode step), row- or column-major (the logical [out, in] shape is kept, so
 sharding, loading and the tied embedding lookup are unchanged). With `--quantization w8a16`
 (`shoal.models.quantization`), each weight is int8 per output channel with a float32 scale; its
-products are torch's `_weight_int8pack_mm`, fed bfloat16 activations (the input it is vectorized
-for), or a float32 product of the dequantized weight where that measures faster (prefill). Every
+products are torch's `_weight_int8pack_mm` (fed bfloat16 activations, the input it is vectorized
+for), numba kernels that widen the int8 weight in registers (`shoal.models.int8_products`: on
+an AVX2 host ~3x faster than either at one row), or a float32 product of the dequantized weight
+(prefill), whichever measures fastest in each row bucket. Every
 float32 kernel differs from `F.linear` only in summation order. numpy's BLAS runs on one thread
 (set by `prepare_linears`; idle workers would spin beside torch's OpenMP threads), so its kernels
 are candidates only in the row buckets whose products run on one thread: timed at 256 rows
@@ -42,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.models import int8_products
 from shoal.models.kernel_probe import runs_in_child
 from shoal.models.quantization import dequantize, quantize_per_channel
 
@@ -76,10 +79,11 @@ class StoredWeight:
     weight: torch.Tensor
     scale: torch.Tensor | None = None
     scale_bf16: torch.Tensor | None = None
+    arrays: tuple[np.ndarray, np.ndarray] | None = None  # int8: weight and scale as numpy views
 
     @classmethod
     def int8(cls, qweight: torch.Tensor, scale: torch.Tensor) -> StoredWeight:
-        return cls(qweight, scale, scale.to(torch.bfloat16))
+        return cls(qweight, scale, scale.to(torch.bfloat16), (qweight.numpy(), scale.numpy()))
 
 
 Product = Callable[[torch.Tensor, StoredWeight], torch.Tensor]
@@ -102,6 +106,16 @@ def _int8pack_bf16(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     return torch._weight_int8pack_mm(x.to(torch.bfloat16), w.weight, w.scale_bf16).to(x.dtype)
 
 
+def _int8_by_rows(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    assert w.arrays is not None
+    return int8_products.by_rows(x, *w.arrays)
+
+
+def _int8_by_pairs(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    assert w.arrays is not None
+    return int8_products.by_pairs(x, *w.arrays)
+
+
 def _dequantized(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     assert w.scale is not None
     return F.linear(x, w.weight.to(x.dtype)).mul_(w.scale.to(x.dtype))
@@ -122,6 +136,8 @@ FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
                  Kernel("numpy-row", "row", _numpy, one_thread=True),
                  Kernel("numpy-col", "col", _numpy, one_thread=True))
 INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
+                Kernel("int8-rows", "int8", _int8_by_rows),
+                Kernel("int8-pairs", "int8", _int8_by_pairs),
                 Kernel("dequantized", "int8", _dequantized))
 
 

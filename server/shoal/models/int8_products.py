@@ -1,0 +1,130 @@
+"""Small-batch products with int8 weights on the CPU, read where they lie (`--quantization w8a16`).
+
+A decode step of a few rows streams every weight once, so its products cost what reading the
+weights costs: int8 weights are a quarter of float32's bytes, but torch's `_weight_int8pack_mm`
+ran one row no faster than float32 OpenBLAS on an AVX2 AMD EPYC (it converts the activations to
+bfloat16, a format that host has no instruction for). These kernels read each int8 weight row
+once, widen it to float32 in registers and multiply it with float32 activations, summing in
+float32; the per-output-channel scale is applied to each sum. Per pass over the default model's
+30 layers on one core: 17-20 ms at one row against 50 ms for float32 OpenBLAS and 40 ms for
+`_weight_int8pack_mm` (docs/benchmarks.md).
+
+Two blockings, chosen per row bucket by measurement (`shoal.models.linear_kernels`): `by_rows`
+takes one output channel and four rows at a time (four independent sums hide the FMA latency at
+few rows), `by_pairs` two channels and four rows (each activation load feeds two sums: ahead from
+~16 rows).
+
+They are compiled by numba (`shoal.models.numba_kernels`) and run in parallel over output
+channels on torch's thread count, serially where that is one (as in a forked probe child).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from shoal.models.numba_kernels import Twins
+
+
+def _by_rows(x: np.ndarray, w: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+    """out [m, n] = (x [m, k] . w [n, k]) * scale [n]: one channel, four rows at a time."""
+    rows, depth = x.shape
+    for n in numba.prange(w.shape[0]):
+        s = scale[n]
+        m = 0
+        while m + 4 <= rows:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for k in range(depth):
+                wk = np.float32(w[n, k])
+                a0 += x[m, k] * wk
+                a1 += x[m + 1, k] * wk
+                a2 += x[m + 2, k] * wk
+                a3 += x[m + 3, k] * wk
+            out[m, n] = a0 * s
+            out[m + 1, n] = a1 * s
+            out[m + 2, n] = a2 * s
+            out[m + 3, n] = a3 * s
+            m += 4
+        while m < rows:
+            a0 = np.float32(0.0)
+            for k in range(depth):
+                a0 += x[m, k] * np.float32(w[n, k])
+            out[m, n] = a0 * s
+            m += 1
+
+
+def _by_pairs(x: np.ndarray, w: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+    """As `_by_rows`, two channels and four rows at a time (an odd last channel alone)."""
+    rows, depth = x.shape
+    channels = w.shape[0]
+    for pair in numba.prange((channels + 1) // 2):
+        n = 2 * pair
+        last = min(n + 2, channels)
+        m = 0
+        while m + 4 <= rows and last == n + 2:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            b0 = np.float32(0.0)
+            b1 = np.float32(0.0)
+            b2 = np.float32(0.0)
+            b3 = np.float32(0.0)
+            for k in range(depth):
+                u = np.float32(w[n, k])
+                v = np.float32(w[n + 1, k])
+                x0 = x[m, k]
+                x1 = x[m + 1, k]
+                x2 = x[m + 2, k]
+                x3 = x[m + 3, k]
+                a0 += x0 * u
+                a1 += x1 * u
+                a2 += x2 * u
+                a3 += x3 * u
+                b0 += x0 * v
+                b1 += x1 * v
+                b2 += x2 * v
+                b3 += x3 * v
+            out[m, n] = a0 * scale[n]
+            out[m + 1, n] = a1 * scale[n]
+            out[m + 2, n] = a2 * scale[n]
+            out[m + 3, n] = a3 * scale[n]
+            out[m, n + 1] = b0 * scale[n + 1]
+            out[m + 1, n + 1] = b1 * scale[n + 1]
+            out[m + 2, n + 1] = b2 * scale[n + 1]
+            out[m + 3, n + 1] = b3 * scale[n + 1]
+            m += 4
+        for c in range(n, last):
+            for r in range(m, rows):
+                a0 = np.float32(0.0)
+                for k in range(depth):
+                    a0 += x[r, k] * np.float32(w[c, k])
+                out[r, c] = a0 * scale[c]
+
+
+_rows = Twins(_by_rows)
+_pairs = Twins(_by_pairs)
+
+
+def _product(kernel: Twins, x: torch.Tensor, weight: np.ndarray, scale: np.ndarray
+             ) -> torch.Tensor:
+    floats = x.dtype == torch.float32
+    activations = (x if floats else x.to(torch.float32)).contiguous().numpy()
+    out = np.empty((x.shape[0], weight.shape[0]), np.float32)
+    kernel.run(activations, weight, scale, out)
+    return torch.from_numpy(out) if floats else torch.from_numpy(out).to(x.dtype)
+
+
+def by_rows(x: torch.Tensor, weight: np.ndarray, scale: np.ndarray) -> torch.Tensor:
+    """x [rows, in] (any float dtype) . int8 weight [out, in] * float32 scale [out] -> [rows, out]
+    in x's dtype, one channel and four rows at a time."""
+    return _product(_rows, x, weight, scale)
+
+
+def by_pairs(x: torch.Tensor, weight: np.ndarray, scale: np.ndarray) -> torch.Tensor:
+    """As `by_rows`, two channels and four rows at a time."""
+    return _product(_pairs, x, weight, scale)
