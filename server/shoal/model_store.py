@@ -40,8 +40,13 @@ class ModelNotAvailable(RuntimeError):
     """The model's wheel is not installed, or the name is unknown."""
 
 
+def shoal_cache_dir() -> Path:
+    """shoal's cache directory (`SHOAL_CACHE_DIR`, default ~/.cache/shoal)."""
+    return Path(os.environ.get("SHOAL_CACHE_DIR", Path.home() / ".cache" / "shoal"))
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("SHOAL_CACHE_DIR", Path.home() / ".cache" / "shoal")) / "models"
+    return shoal_cache_dir() / "models"
 
 
 def package_dir(model: EmbeddedModel) -> Path:

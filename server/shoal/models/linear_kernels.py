@@ -7,9 +7,10 @@ oneDNN beats MKL on more rows, and numpy's OpenBLAS ran 4-32-row products 1.4-2x
 either; on an Intel Xeon, oneDNN ran at half of MKL's speed. So after
 loading, `prepare_linears` times every candidate (layout x kernel) for each distinct weight shape
 at a few row counts (`ROW_BUCKETS`, each at the thread count it will run with), keeps the layout
-that is fastest over all of them, and per row bucket the fastest kernel in that layout. A kernel
-is first run once in a forked child (`shoal.models.kernel_probe`): a VM may list an instruction
-set and trap it.
+that is fastest over all of them, and per row bucket the fastest kernel in that layout; the
+choice is kept on disk for later loads on the same host and software
+(`shoal.models.kernel_choices`). A kernel is first run once in a forked child
+(`shoal.models.kernel_probe`): a VM may list an instruction set and trap it.
 
 Storage: float32 CPU weights go to one transparent-huge-page arena (another ~10% when streaming
 every weight once per decode step), row- or column-major (the logical [out, in] shape is kept, so
@@ -44,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models import int8_products
+from shoal.models import int8_products, kernel_choices
 from shoal.models.kernel_probe import runs_in_child
 from shoal.models.quantization import dequantize, quantize_per_channel
 
@@ -338,13 +339,34 @@ def _usable_kernels(quantize: bool) -> tuple[Kernel, ...]:
 
 @functools.cache
 def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, int]) -> Choice:
-    """Measured once per process for each weight shape and thread counts (a process that loads
-    several models, as the tests do, measures each shape once)."""
+    """Measured once on this host for each weight shape and thread counts, and kept
+    (`shoal.models.kernel_choices`; a process that loads several models, as the tests do, asks
+    once per shape)."""
     kernels = _usable_kernels(quantize)
-    choice = choose(measure(kernels, *shape, threads), kernels)
-    logger.info("linear [%d, %d]: %s layout, kernels by rows %s", *shape, choice.layout,
-                dict(zip(_BUCKET_STARTS, choice.kernels)))
+    names = tuple(k.name for k in kernels)
+    kept_as = kernel_choices.key(quantize, shape, threads, names)
+    kept = _kept_choice(kernel_choices.load(kept_as), kernels)
+    if kept is not None:
+        choice, how = kept, "kept from an earlier load"
+    else:
+        choice, how = choose(measure(kernels, *shape, threads), kernels), "measured"
+        kernel_choices.store(kept_as, (choice.layout, choice.kernels))
+    logger.info("linear [%d, %d]: %s layout, kernels by rows %s (%s)", *shape, choice.layout,
+                dict(zip(_BUCKET_STARTS, choice.kernels)), how)
     return choice
+
+
+def _kept_choice(entry: kernel_choices.Entry | None, kernels: tuple[Kernel, ...]
+                 ) -> Choice | None:
+    """A kept choice, if it names a usable kernel of its layout for every row bucket."""
+    if entry is None:
+        return None
+    layout, names = entry
+    by_name = {k.name: k for k in kernels}
+    if len(names) == len(ROW_BUCKETS) and all(
+            name in by_name and by_name[name].layout == layout for name in names):
+        return Choice(layout, names)
+    return None
 
 
 def _store(params: list[nn.Parameter], layouts: dict[int, str], quantize: bool
