@@ -86,7 +86,7 @@ def test_small_pool_retracts_and_outputs_equal_solo_runs(small_pool_server: Runn
                                                          model_path: str) -> None:
     bodies = [{"text": f"Story {i}: " + words(8, seed=100 + i),
                "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}}
-              for i in range(64)]
+              for i in range(32)]
 
     async def run(concurrent: bool) -> list[list[int]]:
         async with httpx.AsyncClient(base_url=small_pool_server.base_url, timeout=600) as c:
