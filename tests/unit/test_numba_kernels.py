@@ -48,8 +48,6 @@ def test_run_takes_the_serial_build_on_one_thread_and_the_parallel_on_more(threa
     twins.run(x, out)
     assert twins.serial.signatures and not twins.parallel.signatures
     torch.set_num_threads(2)
-    twins.run(x, out, parallel=False)
-    assert not twins.parallel.signatures
     twins.run(x, out)
     assert twins.parallel.signatures
     np.testing.assert_array_equal(out, 2 * x)

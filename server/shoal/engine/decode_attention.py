@@ -78,37 +78,38 @@ _kernel = Twins(_attend)
 
 
 def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
-           rows: torch.Tensor, seq_lens: torch.Tensor, parallel: bool = True) -> torch.Tensor:
+           rows: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     """q [requests, heads, dim] -> the attention output of the same shape: request r's query
     attends to the K/V in slots `table[rows[r], :seq_lens[r]]` of the pool buffers k_pool /
-    v_pool [slots, kv_heads, dim]. CPU float32 tensors, int64 indices; on torch's threads (or
-    one, `parallel` False). Ask `usable()` before the first call in a process."""
+    v_pool [slots, kv_heads, dim]. CPU float32 tensors, int64 indices; on torch's threads (the
+    serial build on one). Ask `usable()` before the first call in a process."""
     out = torch.empty(q.shape, dtype=q.dtype)
     args = (q.contiguous().numpy(), k_pool.numpy(), v_pool.numpy(), table.numpy(), rows.numpy(),
             seq_lens.numpy(), np.float32(q.shape[-1] ** -0.5), out.numpy())
-    _kernel.run(*args, parallel=parallel)
+    _kernel.run(*args)
     return out
 
 
 @functools.cache
 def usable() -> bool:
-    """Whether the kernel runs here and agrees with SDPA on a small case (its serial twin first
-    in a forked child: a VM may list an instruction set LLVM uses and trap it)."""
-    return runs_in_child("decode-attention", _check) and _agrees(parallel=True)
+    """Whether the kernel runs here and agrees with SDPA on a small case (first in a forked
+    child, on one thread, so its serial build: a VM may list an instruction set LLVM uses and
+    trap it)."""
+    return runs_in_child("decode-attention", _check) and _agrees()
 
 
 def _check() -> None:
-    if not _agrees(parallel=False):
+    if not _agrees():
         raise ArithmeticError("decode attention disagrees with SDPA on a small case")
 
 
-def _agrees(parallel: bool) -> bool:
+def _agrees() -> bool:
     gen = torch.Generator().manual_seed(0)
     k_pool, v_pool = (torch.randn(40, 2, 16, generator=gen) for _ in range(2))
     table = torch.randperm(40, generator=gen)[:36].view(3, 12)
     rows, seq_lens = torch.tensor([2, 0]), torch.tensor([12, 5])
     q = torch.randn(2, 4, 16, generator=gen)
-    out = attend(q, k_pool, v_pool, table, rows, seq_lens, parallel)
+    out = attend(q, k_pool, v_pool, table, rows, seq_lens)
     for r in range(2):
         slots = table[rows[r], :seq_lens[r]]
         expected = F.scaled_dot_product_attention(

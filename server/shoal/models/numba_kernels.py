@@ -57,11 +57,10 @@ class Twins:
         self.serial = _compile(kernel, parallel=False)
         self.parallel = _compile(kernel, parallel=True)
 
-    def run(self, *args: Any, parallel: bool = True) -> None:
-        """Run on as many threads as torch runs (the serial build where that is one, or where
-        `parallel` is False)."""
+    def run(self, *args: Any) -> None:
+        """Run on as many threads as torch runs (the serial build where that is one)."""
         threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-        if not parallel or threads == 1:
+        if threads == 1:
             self.serial(*args)
             return
         numba.set_num_threads(threads)
