@@ -44,7 +44,7 @@ class ServerArgs:
     max_queued_requests: int | None = None  # None: unbounded (api/backpressure.py)
     max_total_tokens: int | None = None
     page_size: int = 1
-    chunked_prefill_size: int = 2048
+    chunked_prefill_size: int | None = None  # None: by device (scheduler/process.py)
     schedule_policy: SchedulePolicy = "fcfs"
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
@@ -68,7 +68,8 @@ class ServerArgs:
              "--dist-init-addr is required when --nnodes > 1"),
             (self.page_size == 1, "--page-size: only 1 is supported by the torch attention "
                                   "backend (the KV pool is paged per token)"),
-            (self.chunked_prefill_size >= 1, "--chunked-prefill-size must be >= 1"),
+            (self.chunked_prefill_size is None or self.chunked_prefill_size >= 1,
+             "--chunked-prefill-size must be >= 1"),
             (self.watchdog_timeout > 0, "--watchdog-timeout must be > 0"),
             (1 <= self.port <= 65535, "--port must be in [1, 65535]"),
             (self.context_length is None or self.context_length >= 2,

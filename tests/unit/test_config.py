@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from shoal.config import (
     ConfigError,
@@ -14,6 +15,7 @@ from shoal.config import (
     to_argv,
 )
 from shoal.launch.plan import build_plan
+from shoal.scheduler.process import chunked_prefill_size
 
 
 def parse(argv: list[str], environ: dict[str, str] | None = None) -> ServerArgs:
@@ -26,6 +28,14 @@ def test_defaults() -> None:
     args = parse([])
     assert args.port == 30000 and args.tp == 1 and args.watchdog_timeout == 300
     assert args.disaggregation_bootstrap_port == 8998 and args.model_path is None
+
+
+def test_the_prefill_chunk_is_chosen_by_device_unless_given() -> None:
+    assert chunked_prefill_size(parse([]), torch.device("cpu")) == 512
+    assert chunked_prefill_size(parse([]), torch.device("cuda")) == 2048
+    given = parse(["--chunked-prefill-size", "300"])
+    assert chunked_prefill_size(given, torch.device("cpu")) == 300
+    assert chunked_prefill_size(given, torch.device("cuda")) == 300
 
 
 def test_env_fallback_and_flag_wins() -> None:

@@ -56,6 +56,14 @@ from shoal.tokenizer import load_tokenizer, resolve_model_path, served_model_nam
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 256
+# Prompt tokens per scheduler step when --chunked-prefill-size is not given: a step stalls every
+# running request's next token, and on CPU a 2,048-token step of the default model takes ~4.5 s
+# on two cores where 512 take ~1.1 s at the same tokens/s (docs/benchmarks.md, "Session 8").
+DEFAULT_CHUNKED_PREFILL_SIZE = {"cpu": 512, "cuda": 2048}
+
+
+def chunked_prefill_size(args: ServerArgs, device: torch.device) -> int:
+    return args.chunked_prefill_size or DEFAULT_CHUNKED_PREFILL_SIZE[device.type]
 
 
 @dataclass(frozen=True)
@@ -110,7 +118,7 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
     sched_config = SchedulerConfig(
         context_length=args.context_length or config.max_position_embeddings,
         max_running_requests=args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
-        chunked_prefill_size=args.chunked_prefill_size,
+        chunked_prefill_size=chunked_prefill_size(args, ctx.device),
         schedule_policy=args.schedule_policy)
     runner = ModelRunner(
         model_path=model_path, device=ctx.device, dtype=resolve_dtype(args.dtype, ctx.device),
@@ -162,7 +170,8 @@ def build_embedding_scheduler(args: ServerArgs, ctx: RankContext) -> EmbeddingSc
                              resolve_dtype(args.dtype, ctx.device))
     io = Rank0IO(sockets.Endpoints(ctx.run_dir))
     max_inputs = args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
-    scheduler = EmbeddingScheduler(runner, io, max_batch_tokens=args.chunked_prefill_size,
+    scheduler = EmbeddingScheduler(runner, io,
+                                   max_batch_tokens=chunked_prefill_size(args, ctx.device),
                                    max_batch_inputs=max_inputs)
     io.send_ready(ComponentReady(component="scheduler", max_running_requests=max_inputs,
                                  context_length=runner.max_input_tokens,
