@@ -85,10 +85,15 @@ def generate_all(base_url: str, prompts: list[list[int]],
     return asyncio.run(run())
 
 
+def seed_of(i: int) -> int:
+    """The seed of prompt i in the seeded runs."""
+    return 1000 + i
+
+
 SAMPLING: dict[str, dict[str, Any]] = {
     "greedy": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True},
     "seeded": {"max_new_tokens": NEW_TOKENS, "temperature": 0.8, "top_p": 0.95,
-               "ignore_eos": True, "seed": lambda i: 1000 + i}}
+               "ignore_eos": True, "seed": seed_of}}
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +128,9 @@ def test_tp2_on_both_sides_equals_a_colocated_server_and_shows_each_rank(
                 == {"shoal::scheduler_TP0", "shoal::scheduler_TP1"}
         picked = {kind: want[::TP2_EVERY] for kind, want in reference.items()}
         assert_greedy_equal(pair.router.base_url, prompt_ids[::TP2_EVERY], picked, model_path)
-        assert generate_all(pair.router.base_url, prompt_ids[::TP2_EVERY],
-                            SAMPLING["seeded"]) == picked["seeded"]
+        seeded = {**SAMPLING["seeded"], "seed": lambda i: seed_of(i * TP2_EVERY)}
+        assert generate_all(pair.router.base_url, prompt_ids[::TP2_EVERY], seeded) == \
+            picked["seeded"]
         wait_idle_and_whole(pair.prefill.base_url, pair.decode.base_url)
     finally:
         pair.stop()
