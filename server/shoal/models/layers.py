@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.models import layer_kernels
 from shoal.models.config import RopeConfig
 from shoal.models.linear_kernels import LinearKernel
 from shoal.models.loader import TensorSlice, read_cols, read_rows
@@ -45,17 +46,25 @@ def _add_bias(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
+    """`cpu_kernels`: computed by `shoal.models.layer_kernels` (set by its `prepare`)."""
+
+    cpu_kernels = False
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = _parameter(size)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_kernels:
+            return layer_kernels.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the pre-norm residual step."""
+        if self.cpu_kernels:
+            return layer_kernels.add_rms_norm(x, residual, self.weight, self.eps)
         x = x + residual
         return self.forward(x), x
 

@@ -17,7 +17,7 @@ every weight once per decode step), row- or column-major (the logical [out, in] 
 sharding, loading and the tied embedding lookup are unchanged). With `--quantization w8a16`
 (`shoal.models.quantization`), each weight is int8 per output channel with a float32 scale; its
 products are torch's `_weight_int8pack_mm` (fed bfloat16 activations, the input it is vectorized
-for), numba kernels that widen the int8 weight in registers (`shoal.models.int8_products`: on
+for), numba kernels that widen the int8 weight in registers (`shoal.models.numba_products`: on
 an AVX2 host ~3x faster than either at one row), or a float32 product of the dequantized weight
 (prefill), whichever measures fastest in each row bucket. Every
 float32 kernel differs from `F.linear` only in summation order. numpy's BLAS runs on one thread
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models import int8_products, kernel_choices
+from shoal.models import kernel_choices, numba_products
 from shoal.models.kernel_probe import runs_in_child
 from shoal.models.quantization import dequantize, quantize_per_channel
 
@@ -86,6 +86,16 @@ class StoredWeight:
     def int8(cls, qweight: torch.Tensor, scale: torch.Tensor) -> StoredWeight:
         return cls(qweight, scale, scale.to(torch.bfloat16), (qweight.numpy(), scale.numpy()))
 
+    @functools.cached_property
+    def transposed(self) -> np.ndarray:
+        """The float weight's [in, out] transpose as a numpy view (numpy's products)."""
+        return self.weight.t().numpy()
+
+    @functools.cached_property
+    def float_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """A row-major float weight as a numpy view, and a scale of ones (shoal's products)."""
+        return self.weight.numpy(), np.ones(self.weight.shape[0], np.float32)
+
 
 Product = Callable[[torch.Tensor, StoredWeight], torch.Tensor]
 
@@ -99,7 +109,7 @@ def _onednn(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
 
 
 def _numpy(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
-    return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.weight.t().numpy()))
+    return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.transposed))
 
 
 def _int8pack_bf16(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
@@ -109,12 +119,16 @@ def _int8pack_bf16(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
 
 def _int8_by_rows(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     assert w.arrays is not None
-    return int8_products.by_rows(x, *w.arrays)
+    return numba_products.by_rows(x, *w.arrays)
 
 
 def _int8_by_pairs(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     assert w.arrays is not None
-    return int8_products.by_pairs(x, *w.arrays)
+    return numba_products.by_pairs(x, *w.arrays)
+
+
+def _float_by_pairs(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    return numba_products.by_pairs(x, *w.float_arrays)
 
 
 def _dequantized(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
@@ -135,7 +149,8 @@ FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
                  *([Kernel("onednn-row", "row", _onednn), Kernel("onednn-col", "col", _onednn)]
                    if _ONEDNN else []),
                  Kernel("numpy-row", "row", _numpy, one_thread=True),
-                 Kernel("numpy-col", "col", _numpy, one_thread=True))
+                 Kernel("numpy-col", "col", _numpy, one_thread=True),
+                 Kernel("numba-pairs", "row", _float_by_pairs))
 INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
                 Kernel("int8-rows", "int8", _int8_by_rows),
                 Kernel("int8-pairs", "int8", _int8_by_pairs),
@@ -222,11 +237,13 @@ def _candidate_weights(kernel: Kernel, out: int, inp: int, copies: int) -> list[
 
 def _time(kernel: Kernel, weights: list[StoredWeight], x: torch.Tensor, give_up: float
           ) -> float:
-    """Best of `_REPEATS` passes over `weights`, in seconds per product; a kernel whose single
-    product takes more than `give_up` seconds is not timed further (it is far behind)."""
+    """Best of `_REPEATS` passes over `weights`, in seconds per product, after one product
+    untimed (a numba kernel compiles or loads its build then); a kernel whose single product takes
+    more than `give_up` seconds is not timed further (it is far behind)."""
+    kernel.product(x, weights[0])
     start = time.perf_counter()
     kernel.product(x, weights[0])
-    best = time.perf_counter() - start  # with one-time costs: an upper bound
+    best = time.perf_counter() - start  # from cache: an upper bound
     if best > give_up:
         return best
     for _ in range(_REPEATS):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.models import layer_kernels
 from shoal.models.attention_backend import AttentionBackend
 from shoal.models.config import ModelConfig
 from shoal.models.forward_batch import ForwardBatch
@@ -47,6 +48,11 @@ class _WeightOwner(Protocol):
 
 
 class LlamaAttention(nn.Module):
+    """`cpu_kernels`: the rotary embedding turns q and k in place in the q/k/v product's
+    output (`shoal.models.layer_kernels`, set by its `prepare`)."""
+
+    cpu_kernels = False
+
     def __init__(self, config: ModelConfig, layer_id: int, tp: ParallelGroup) -> None:
         super().__init__()
         self.layer_id = layer_id
@@ -62,8 +68,12 @@ class LlamaAttention(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)
         q_heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        q, k = apply_rotary(heads[:, :q_heads + kv_heads], cos, sin).split(
-            (q_heads, kv_heads), dim=1)
+        if self.cpu_kernels:
+            layer_kernels.rotate_(heads, q_heads + kv_heads, cos, sin)
+            q, k = heads[:, :q_heads], heads[:, q_heads:q_heads + kv_heads]
+        else:
+            q, k = apply_rotary(heads[:, :q_heads + kv_heads], cos, sin).split(
+                (q_heads, kv_heads), dim=1)
         out = attn.forward(self.layer_id, q, k, heads[:, q_heads + kv_heads:])
         return self.o_proj(out.flatten(1))
 

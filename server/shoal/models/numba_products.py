@@ -1,4 +1,5 @@
-"""Small-batch products with int8 weights on the CPU, read where they lie (`--quantization w8a16`).
+"""Small-batch products on the CPU by kernels of shoal's own, for int8 weights
+(`--quantization w8a16`) and float32 ones.
 
 A decode step of a few rows streams every weight once, so its products cost what reading the
 weights costs: int8 weights are a quarter of float32's bytes, but torch's `_weight_int8pack_mm`
@@ -13,6 +14,11 @@ Two blockings, chosen per row bucket by measurement (`shoal.models.linear_kernel
 takes one output channel and four rows at a time (four independent sums hide the FMA latency at
 few rows), `by_pairs` two channels and four rows (each activation load feeds two sums: ahead from
 ~16 rows).
+
+The same code takes a float32 weight (numba compiles it for that dtype; the scale is then ones):
+on one AMD EPYC core, at 4-16 rows over the default model's 576-wide inputs, `by_pairs` ran
+1.1-1.5x faster than OpenBLAS or MKL, which pack the weight for every product of a few rows
+(docs/benchmarks.md); the measurement at load decides where it is used.
 
 They are compiled by numba (`shoal.models.numba_kernels`) and run in parallel over output
 channels on torch's thread count, serially where that is one (as in a forked probe child).
@@ -120,8 +126,8 @@ def _product(kernel: Twins, x: torch.Tensor, weight: np.ndarray, scale: np.ndarr
 
 
 def by_rows(x: torch.Tensor, weight: np.ndarray, scale: np.ndarray) -> torch.Tensor:
-    """x [rows, in] (any float dtype) . int8 weight [out, in] * float32 scale [out] -> [rows, out]
-    in x's dtype, one channel and four rows at a time."""
+    """x [rows, in] (any float dtype) . weight [out, in] (int8 or float32, row-major) * float32
+    scale [out] -> [rows, out] in x's dtype, one channel and four rows at a time."""
     return _product(_rows, x, weight, scale)
 
 

@@ -1,20 +1,21 @@
-"""The numba int8 products compute what a float32 product of the dequantized weight computes, on
-every row count, odd channel count and depth, serially and in parallel, and leave a forked child
-able to run them after the parallel kernel ran here."""
+"""shoal's numba products compute what a float32 product of the dequantized int8 weight (or of a
+float32 weight) computes, on every row count, odd channel count and depth, serially and in
+parallel, and leave a forked child able to run them after the parallel kernel ran here."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.models import int8_products
+from shoal.models import numba_products
 from shoal.models.kernel_probe import runs_in_child
 from shoal.models.quantization import dequantize, quantize_per_channel
 
-PRODUCTS = {"by_rows": int8_products.by_rows, "by_pairs": int8_products.by_pairs}
+PRODUCTS = {"by_rows": numba_products.by_rows, "by_pairs": numba_products.by_pairs}
 
 
 def _case(rows: int, channels: int, depth: int, seed: int = 0
@@ -43,6 +44,18 @@ def test_products_match_the_dequantized_float_product(
     got = PRODUCTS[name](x, q.numpy(), scale.numpy())
     assert got.shape == (rows, channels) and got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", PRODUCTS)
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 33])
+def test_float32_weights_with_a_scale_of_ones_match_f_linear(
+        name: str, count: int, rows: int, threads: int) -> None:
+    torch.set_num_threads(count)
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(97, 576, generator=gen), torch.randn(rows, 576, generator=gen)
+    got = PRODUCTS[name](x, weight.numpy(), np.ones(97, np.float32))
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", PRODUCTS)
