@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import threadpoolctl
@@ -13,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.engine.threads import RankThreads, forward_threads
-from shoal.models import linear_kernels
-from shoal.models.kernel_probe import runs_in_child
+from shoal.models import kernel_probe, linear_kernels
+from shoal.models.kernel_probe import runs_in_child, runs_in_children
 from shoal.models.layers import _Linear
 from shoal.models.linear_kernels import (
     FLOAT_KERNELS,
@@ -95,6 +96,24 @@ def test_a_one_thread_kernel_is_timed_only_where_products_run_on_one_thread(
     assert {b for name, b in seconds if name == "any"} == set(range(len(ROW_BUCKETS)))
 
 
+def test_a_kernel_is_timed_only_in_its_buckets_and_a_far_slower_one_no_further() -> None:
+    calls: dict[str, int] = {"slow": 0}
+
+    def slow(x: torch.Tensor, w: linear_kernels.StoredWeight) -> torch.Tensor:
+        calls["slow"] += 1
+        time.sleep(0.01)
+        return F.linear(x, w.weight)
+
+    kernels = (Kernel("any", "row", lambda x, w: F.linear(x, w.weight)),
+               Kernel("middle", "row", lambda x, w: F.linear(x, w.weight), buckets=(1, 2)),
+               Kernel("slow", "row", slow))
+    seconds = linear_kernels.measure(kernels, 24, 16, (1, 1))
+    assert {b for name, b in seconds if name == "middle"} == {1, 2}
+    assert {b for name, b in seconds if name == "slow"} == set(range(len(ROW_BUCKETS)))
+    assert calls["slow"] == 2 * len(ROW_BUCKETS)  # the untimed and the single product only
+    assert all(seconds["slow", b] > 3 * seconds["any", b] for b in range(len(ROW_BUCKETS)))
+
+
 @pytest.mark.parametrize("rows, bucket", [(1, 0), (2, 1), (11, 1), (12, 2), (255, 2),
                                           (LARGE_FORWARD_TOKENS, 3), (4096, 3)])
 def test_bucket_of_a_row_count(rows: int, bucket: int) -> None:
@@ -167,6 +186,20 @@ def test_probe_child_reports_a_trapped_instruction_a_failure_and_success() -> No
     assert not runs_in_child("raises", lambda: 1 / 0)  # type: ignore[func-returns-value]
     assert not runs_in_child("sigill", lambda: os.kill(os.getpid(), signal.SIGILL))
     assert runs_in_child("the parent is unharmed", lambda: None)
+
+
+def test_probe_children_run_at_once_each_with_its_own_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_probe, "PROBE_TIMEOUT_S", 3.0)
+    start = time.monotonic()
+    results = runs_in_children({
+        "fine": lambda: None, "raises": lambda: 1 / 0,  # type: ignore[dict-item]
+        "sigill": lambda: os.kill(os.getpid(), signal.SIGILL),
+        "slow but in time": lambda: time.sleep(1.0), "also slow": lambda: time.sleep(1.0),
+        "hangs": lambda: time.sleep(60)})
+    assert results == {"fine": True, "raises": False, "sigill": False, "slow but in time": True,
+                       "also slow": True, "hangs": False}
+    assert time.monotonic() - start < 5.0  # together: not the sum of their times
 
 
 def test_large_forwards_run_on_more_threads_and_restore_the_count() -> None:

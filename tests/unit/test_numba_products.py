@@ -15,7 +15,8 @@ from shoal.models import numba_products
 from shoal.models.kernel_probe import runs_in_child
 from shoal.models.quantization import dequantize, quantize_per_channel
 
-PRODUCTS = {"by_rows": numba_products.by_rows, "by_pairs": numba_products.by_pairs}
+PRODUCTS = {"by_rows": numba_products.by_rows, "by_pairs": numba_products.by_pairs,
+            "by_quads": numba_products.by_quads}
 
 
 def _case(rows: int, channels: int, depth: int, seed: int = 0

@@ -26,13 +26,38 @@ PROBE_TIMEOUT_S = 30.0
 
 def runs_in_child(name: str, probe: Callable[[], None]) -> bool:
     """Whether `probe()` returns normally in a forked child (single-threaded there)."""
+    return runs_in_children({name: probe})[name]
+
+
+def runs_in_children(probes: dict[str, Callable[[], None]]) -> dict[str, bool]:
+    """Per name, whether its probe returns normally in a child forked for it; the children run
+    at the same time (a probe that loads a numba build spends ~0.3 s, a dozen of them one after
+    another were ~4 s of every rank's start)."""
     if sys.platform != "linux":
-        try:
-            probe()
-        except Exception:  # noqa: BLE001 - any failure marks the kernel unusable
-            logger.exception("kernel %s failed", name)
-            return False
-        return True
+        return {name: _runs_here(name, probe) for name, probe in probes.items()}
+    children = {_fork(probe): name for name, probe in probes.items()}
+    results: dict[str, bool] = {}
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while children and time.monotonic() < deadline:
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                name = children.pop(pid)
+                code = os.waitstatus_to_exitcode(status)
+                if code != 0:
+                    logger.warning("kernel %s: probe child ended with %d", name, code)
+                results[name] = code == 0
+        if children:
+            time.sleep(0.005)
+    for pid, name in children.items():
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        logger.warning("kernel %s: probe child hung for %.0f s", name, PROBE_TIMEOUT_S)
+        results[name] = False
+    return results
+
+
+def _fork(probe: Callable[[], None]) -> int:
     pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's code
         code = 1
@@ -43,16 +68,13 @@ def runs_in_child(name: str, probe: Callable[[], None]) -> bool:
             code = 0
         finally:
             os._exit(code)
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            if os.waitstatus_to_exitcode(status) != 0:
-                logger.warning("kernel %s: probe child ended with %d", name,
-                               os.waitstatus_to_exitcode(status))
-            return os.waitstatus_to_exitcode(status) == 0
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    logger.warning("kernel %s: probe child hung for %.0f s", name, PROBE_TIMEOUT_S)
-    return False
+    return pid
+
+
+def _runs_here(name: str, probe: Callable[[], None]) -> bool:
+    try:
+        probe()
+    except Exception:  # noqa: BLE001 - any failure marks the kernel unusable
+        logger.exception("kernel %s failed", name)
+        return False
+    return True

@@ -4,9 +4,12 @@ computes its products, chosen by measuring the candidates on this host when the 
 No vendor guess holds on every CPU (docs/benchmarks.md): on one AMD EPYC, MKL's one-row GEMV
 streams a contiguous [in, out] matrix ~1.4x faster than `F.linear` on the row-major weight and
 oneDNN beats MKL on more rows, and numpy's OpenBLAS ran 4-32-row products 1.4-2x faster than
-either; on an Intel Xeon, oneDNN ran at half of MKL's speed. So after
+either; on an Intel Xeon, oneDNN ran at half of MKL's speed. shoal's own numba kernels
+(`shoal.models.numba_products`, on row-major weights) are candidates at a few rows, where the
+libraries pack the weight for every product. So after
 loading, `prepare_linears` times every candidate (layout x kernel) for each distinct weight shape
-at a few row counts (`ROW_BUCKETS`, each at the thread count it will run with), keeps the layout
+at a few row counts (`ROW_BUCKETS`, each at the thread count it will run with; the candidates in
+turns, best of three passes), keeps the layout
 that is fastest over all of them, and per row bucket the fastest kernel in that layout; the
 choice is kept on disk for later loads on the same host and software
 (`shoal.models.kernel_choices`). A kernel is first run once in a forked child
@@ -46,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.models import kernel_choices, numba_products
-from shoal.models.kernel_probe import runs_in_child
+from shoal.models.kernel_probe import runs_in_children
 from shoal.models.quantization import dequantize, quantize_per_channel
 
 logger = logging.getLogger(__name__)
@@ -64,7 +67,7 @@ _MEASURE_MAX_OUT = 3072
 _STREAM_BYTES = 48 << 20
 _MAX_COPIES = 256
 _MEMORY_BOUND_ROWS = 8
-_REPEATS = 2
+_REPEATS = 3
 _GIVE_UP_RATIO = 3.0
 
 _HUGE_PAGE = 2 << 20
@@ -127,8 +130,17 @@ def _int8_by_pairs(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     return numba_products.by_pairs(x, *w.arrays)
 
 
+def _int8_by_quads(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    assert w.arrays is not None
+    return numba_products.by_quads(x, *w.arrays)
+
+
 def _float_by_pairs(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     return numba_products.by_pairs(x, *w.float_arrays)
+
+
+def _float_by_quads(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    return numba_products.by_quads(x, *w.float_arrays)
 
 
 def _dequantized(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
@@ -142,18 +154,26 @@ class Kernel:
     layout: str  # "row" | "col" (float) or "int8"
     product: Product
     one_thread: bool = False  # runs on one thread whatever torch's count: timed only there
+    buckets: tuple[int, ...] = tuple(range(len(ROW_BUCKETS)))  # where it is a candidate
 
 
+# Row buckets where shoal's numba kernels are candidates: none in the prefill-sized bucket (MKL
+# and oneDNN run it on every core), and the four-channel-by-three-row blocking not at one row (a
+# lone row takes its tail loop, measured ~3x slower in a decode step than its isolated timing).
+_FEW_ROWS = (0, 1, 2)
+_SEVERAL_ROWS = (1, 2)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
                  *([Kernel("onednn-row", "row", _onednn), Kernel("onednn-col", "col", _onednn)]
                    if _ONEDNN else []),
                  Kernel("numpy-row", "row", _numpy, one_thread=True),
                  Kernel("numpy-col", "col", _numpy, one_thread=True),
-                 Kernel("numba-pairs", "row", _float_by_pairs))
+                 Kernel("numba-pairs", "row", _float_by_pairs, buckets=_FEW_ROWS),
+                 Kernel("numba-quads", "row", _float_by_quads, buckets=_SEVERAL_ROWS))
 INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
                 Kernel("int8-rows", "int8", _int8_by_rows),
                 Kernel("int8-pairs", "int8", _int8_by_pairs),
+                Kernel("int8-quads", "int8", _int8_by_quads, buckets=_SEVERAL_ROWS),
                 Kernel("dequantized", "int8", _dequantized))
 
 
@@ -235,30 +255,31 @@ def _candidate_weights(kernel: Kernel, out: int, inp: int, copies: int) -> list[
     return [StoredWeight(weight.clone()) for _ in range(copies)]
 
 
-def _time(kernel: Kernel, weights: list[StoredWeight], x: torch.Tensor, give_up: float
-          ) -> float:
-    """Best of `_REPEATS` passes over `weights`, in seconds per product, after one product
-    untimed (a numba kernel compiles or loads its build then); a kernel whose single product takes
-    more than `give_up` seconds is not timed further (it is far behind)."""
-    kernel.product(x, weights[0])
+def _single(kernel: Kernel, weight: StoredWeight, x: torch.Tensor) -> float:
+    """Seconds of one product, after one untimed (a numba kernel compiles or loads its build
+    then): from cache, an upper bound."""
+    kernel.product(x, weight)
     start = time.perf_counter()
-    kernel.product(x, weights[0])
-    best = time.perf_counter() - start  # from cache: an upper bound
-    if best > give_up:
-        return best
-    for _ in range(_REPEATS):
-        start = time.perf_counter()
-        for w in weights:
-            kernel.product(x, w)
-        best = min(best, (time.perf_counter() - start) / len(weights))
-    return best
+    kernel.product(x, weight)
+    return time.perf_counter() - start
+
+
+def _pass(kernel: Kernel, weights: list[StoredWeight], x: torch.Tensor) -> float:
+    """Seconds per product over one pass through `weights`."""
+    start = time.perf_counter()
+    for w in weights:
+        kernel.product(x, w)
+    return (time.perf_counter() - start) / len(weights)
 
 
 def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int, int]
             ) -> dict[tuple[str, int], float]:
-    """Seconds per product of each kernel at each row bucket for an [out, in] weight; buckets
-    before the last at `threads[0]` torch threads, the last at `threads[1]`. A `one_thread`
-    kernel is timed only in buckets that run on one thread."""
+    """Seconds per product of each kernel at each of its row buckets for an [out, in] weight;
+    buckets before the last at `threads[0]` torch threads, the last at `threads[1]`. A
+    `one_thread` kernel is timed only in buckets that run on one thread. Each kernel's time is
+    its best of `_REPEATS` passes, taken in turns (a noisy moment of the host falls on every
+    kernel alike); a kernel whose single product is `_GIVE_UP_RATIO` times the fastest one's is
+    far behind and timed no further."""
     out = min(out, _MEASURE_MAX_OUT)
     streamed = {k.name: _candidate_weights(k, out, inp, min(_MAX_COPIES, math.ceil(
         _STREAM_BYTES / (out * inp * (1 if k.layout == "int8" else 4))))) for k in kernels}
@@ -269,32 +290,32 @@ def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int,
             count = threads[1] if b == len(ROW_BUCKETS) - 1 else threads[0]
             torch.set_num_threads(count)
             x = torch.randn(rows, inp)
-            best = math.inf
-            for kernel in kernels:
-                if kernel.one_thread and count > 1:
-                    continue
-                weights = streamed[kernel.name]
-                seconds[kernel.name, b] = _time(
-                    kernel, weights if rows <= _MEMORY_BOUND_ROWS else weights[:1], x,
-                    give_up=_GIVE_UP_RATIO * best)
-                best = min(best, seconds[kernel.name, b])
+            timed = [k for k in kernels
+                     if b in k.buckets and not (k.one_thread and count > 1)]
+            best = {k.name: _single(k, streamed[k.name][0], x) for k in timed}
+            fastest = min(best.values(), default=math.inf)
+            contenders = [k for k in timed if best[k.name] <= _GIVE_UP_RATIO * fastest]
+            for _ in range(_REPEATS):
+                for kernel in contenders:
+                    weights = streamed[kernel.name]
+                    best[kernel.name] = min(best[kernel.name], _pass(
+                        kernel, weights if rows <= _MEMORY_BOUND_ROWS else weights[:1], x))
+            seconds.update({(name, b): t for name, t in best.items()})
     finally:
         torch.set_num_threads(previous)
     return seconds
 
 
 def _usable(kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
-    """The kernels that run (in a child first: an instruction the VM traps kills only that)
+    """The kernels that run (in children first: an instruction the VM traps kills only that)
     and compute `F.linear`'s result on a small product."""
     weight = torch.randn(24, 40)
     x = torch.randn(3, 40)
-    ok = []
+    runs = runs_in_children({k.name: functools.partial(_check, k, weight, x) for k in kernels})
     for kernel in kernels:
-        if not runs_in_child(kernel.name, lambda k=kernel: _check(k, weight, x)):
+        if not runs[kernel.name]:
             logger.warning("linear kernel %s does not run on this host; not used", kernel.name)
-            continue
-        ok.append(kernel)
-    return tuple(ok)
+    return tuple(k for k in kernels if runs[k.name])
 
 
 def _check(kernel: Kernel, weight: torch.Tensor, x: torch.Tensor) -> None:
