@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shoal.models.kernel_probe import runs_in_child
+from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.numba_kernels import Twins
 
 
@@ -95,12 +95,7 @@ def usable() -> bool:
     """Whether the kernel runs here and agrees with SDPA on a small case (first in a forked
     child, on one thread, so its serial build: a VM may list an instruction set LLVM uses and
     trap it)."""
-    return runs_in_child("decode-attention", _check) and _agrees()
-
-
-def _check() -> None:
-    if not _agrees():
-        raise ArithmeticError("decode attention disagrees with SDPA on a small case")
+    return runs_and_agrees("decode-attention", _agrees)
 
 
 def _agrees() -> bool:

@@ -24,6 +24,16 @@ logger = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 30.0
 
 
+def runs_and_agrees(name: str, agrees: Callable[[], bool]) -> bool:
+    """Whether `agrees()` (a kernel against its reference on a small case) returns True in a
+    forked child, on one thread, and then in this process."""
+    def check() -> None:
+        if not agrees():
+            raise ArithmeticError(f"kernel {name} disagrees with its reference on a small case")
+
+    return runs_in_child(name, check) and agrees()
+
+
 def runs_in_child(name: str, probe: Callable[[], None]) -> bool:
     """Whether `probe()` returns normally in a forked child (single-threaded there)."""
     return runs_in_children({name: probe})[name]

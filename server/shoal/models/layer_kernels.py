@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models.kernel_probe import runs_in_child
+from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.numba_kernels import Twins
 
 
@@ -116,12 +116,7 @@ def prepare(model: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
 def usable() -> bool:
     """Whether the kernels run here (their serial builds first in a forked child) and agree with
     the torch ops on a small case."""
-    return runs_in_child("layer-kernels", _check) and _agrees()
-
-
-def _check() -> None:
-    if not _agrees():
-        raise ArithmeticError("the layer kernels disagree with torch on a small case")
+    return runs_and_agrees("layer-kernels", _agrees)
 
 
 def _agrees() -> bool:
