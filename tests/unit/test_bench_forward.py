@@ -14,7 +14,7 @@ import torch
 from shoal.bench.forward import alloc_rows, decode_step, fill_context
 from shoal.cli import main
 from shoal.engine.model_runner import ModelRunner
-from shoal.engine.threads import torch_threads_per_rank
+from shoal.engine.threads import RankThreads
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.parallel import ParallelGroup
 
@@ -37,7 +37,7 @@ def test_forward_command_reports_tokens_per_second(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     r = data["result"]
     assert (r["batch_size"], r["context_len"], r["steps"]) == (3, 24, 3)
-    assert r["num_threads"] == torch_threads_per_rank(os.cpu_count() or 1, 1)
+    assert r["num_threads"] == RankThreads.for_host(os.cpu_count() or 1, 1).for_tokens(3)
     assert (r["device"], r["dtype"]) == ("cpu", "float32")
     assert r["total_s"] > 0
     assert r["tokens_per_s"] == pytest.approx(3 * 3 / r["total_s"])

@@ -86,12 +86,12 @@ def test_a_kernel_timed_in_some_buckets_is_chosen_there_and_others_elsewhere() -
 
 
 @pytest.mark.parametrize("threads, one_thread_buckets", [
-    ((1, 2), set(range(len(ROW_BUCKETS) - 1))), ((2, 2), set()), ((1, 1), set(range(4)))])
+    ((1, 2), {0, 1}), ((2, 2), set()), ((1, 1), set(range(4)))])
 def test_a_one_thread_kernel_is_timed_only_where_products_run_on_one_thread(
         threads: tuple[int, int], one_thread_buckets: set[int]) -> None:
     kernels = (Kernel("any", "row", lambda x, w: F.linear(x, w.weight)),
                Kernel("single", "row", lambda x, w: F.linear(x, w.weight), one_thread=True))
-    seconds = linear_kernels.measure(kernels, 24, 16, threads)
+    seconds = linear_kernels.measure(kernels, 24, 16, linear_kernels.bucket_threads(threads))
     assert {b for name, b in seconds if name == "single"} == one_thread_buckets
     assert {b for name, b in seconds if name == "any"} == set(range(len(ROW_BUCKETS)))
 
@@ -107,7 +107,7 @@ def test_a_kernel_is_timed_only_in_its_buckets_and_a_far_slower_one_no_further()
     kernels = (Kernel("any", "row", lambda x, w: F.linear(x, w.weight)),
                Kernel("middle", "row", lambda x, w: F.linear(x, w.weight), buckets=(1, 2)),
                Kernel("slow", "row", slow))
-    seconds = linear_kernels.measure(kernels, 24, 16, (1, 1))
+    seconds = linear_kernels.measure(kernels, 24, 16, (1,) * len(ROW_BUCKETS))
     assert {b for name, b in seconds if name == "middle"} == {1, 2}
     assert {b for name, b in seconds if name == "slow"} == set(range(len(ROW_BUCKETS)))
     assert calls["slow"] == 2 * len(ROW_BUCKETS)  # the untimed and the single product only
@@ -115,7 +115,7 @@ def test_a_kernel_is_timed_only_in_its_buckets_and_a_far_slower_one_no_further()
 
 
 @pytest.mark.parametrize("rows, bucket", [(1, 0), (2, 1), (11, 1), (12, 2), (255, 2),
-                                          (LARGE_FORWARD_TOKENS, 3), (4096, 3)])
+                                          (ROW_BUCKETS[-1], 3), (4096, 3)])
 def test_bucket_of_a_row_count(rows: int, bucket: int) -> None:
     assert bucket_index(rows) == bucket
 
@@ -136,7 +136,7 @@ def test_float_weights_keep_values_shapes_and_ties(model: _Tied) -> None:
 
 
 @pytest.mark.parametrize("kernel", FLOAT_KERNELS, ids=lambda k: k.name)
-@pytest.mark.parametrize("rows", [1, 3, 40, LARGE_FORWARD_TOKENS])
+@pytest.mark.parametrize("rows", [1, 3, 40, ROW_BUCKETS[-1]])
 def test_every_float_kernel_matches_f_linear(kernel: Kernel, rows: int) -> None:
     weight = torch.randn(96, 48)
     stored = linear_kernels.StoredWeight(weight.t().contiguous().t() if kernel.layout == "col"
@@ -147,7 +147,7 @@ def test_every_float_kernel_matches_f_linear(kernel: Kernel, rows: int) -> None:
 
 
 @pytest.mark.parametrize("kernel", INT8_KERNELS, ids=lambda k: k.name)
-@pytest.mark.parametrize("rows", [1, 5, LARGE_FORWARD_TOKENS])
+@pytest.mark.parametrize("rows", [1, 5, ROW_BUCKETS[-1]])
 def test_every_int8_kernel_is_close_to_the_float_product(kernel: Kernel, rows: int) -> None:
     weight = torch.randn(96, 48)
     q, scale = quantize_per_channel(weight)

@@ -2,7 +2,9 @@
 
 shoal's own `ModelRunner` with no server, scheduler, tokenizer or detokenizer in the loop: B
 requests each hold a KV context of L tokens, then N decode steps run at batch B (forward plus a
-greedy argmax to pick the next input token). tokens/s = B * N / time of those N steps.
+greedy argmax to pick the next input token). tokens/s = B * N / time of those N steps. The
+forwards run on the scheduler's thread counts for one rank on this host (`shoal.engine.threads`:
+a batch of LARGE_FORWARD_TOKENS rows or more on every core), or on `--num-threads` alone.
 
 The context is filled with one prefill of one request whose K/V are then copied to the other
 B - 1 requests' slots: every request reads a context of L tokens, as in serving, without paying
@@ -25,7 +27,7 @@ import torch
 
 from shoal import model_store
 from shoal.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
-from shoal.engine.threads import torch_threads_per_rank
+from shoal.engine.threads import RankThreads
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.parallel import ParallelGroup
 
@@ -40,7 +42,7 @@ class ForwardBenchConfig:
     device: str = "auto"
     dtype: str = "auto"
     quantization: str = "none"
-    num_threads: int | None = None  # None: the scheduler's policy for one rank on this host
+    num_threads: int | None = None  # every forward's; None: the scheduler's for one rank here
     seed: int = 0
 
 
@@ -49,7 +51,7 @@ class ForwardBenchResult:
     batch_size: int
     context_len: int
     steps: int
-    num_threads: int
+    num_threads: int  # of the timed decode steps
     device: str
     dtype: str
     total_s: float
@@ -60,8 +62,9 @@ class ForwardBenchResult:
 
 
 def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
-    num_threads = cfg.num_threads or torch_threads_per_rank(os.cpu_count() or 1, 1)
-    torch.set_num_threads(num_threads)
+    threads = (RankThreads(cfg.num_threads, cfg.num_threads) if cfg.num_threads
+               else RankThreads.for_host(os.cpu_count() or 1, 1))
+    torch.set_num_threads(threads.base)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -69,7 +72,7 @@ def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
     runner = ModelRunner(cfg.model_path, device, dtype, ParallelGroup(),
                          max_total_tokens=cfg.batch_size * max_len,
                          max_running_requests=cfg.batch_size, context_length=max_len,
-                         quantization=cfg.quantization)
+                         threads=threads, quantization=cfg.quantization)
     rows = alloc_rows(runner, cfg.batch_size)
     prompt = torch.randint(0, runner.model_config.vocab_size, (cfg.context_len,),
                            dtype=torch.int64, device=device)
@@ -87,7 +90,8 @@ def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
     total = sum(step_s)
     return ForwardBenchResult(
         batch_size=cfg.batch_size, context_len=cfg.context_len, steps=cfg.steps,
-        num_threads=num_threads, device=str(device), dtype=str(dtype).removeprefix("torch."),
+        num_threads=threads.for_tokens(cfg.batch_size), device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
         total_s=total, tokens_per_s=cfg.batch_size * cfg.steps / total,
         mean_step_ms=1000 * total / cfg.steps, p50_step_ms=1000 * statistics.median(step_s),
         max_step_ms=1000 * max(step_s))

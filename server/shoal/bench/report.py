@@ -23,6 +23,7 @@ from shoal.bench.suite_runs import (
     SuiteResults,
 )
 from shoal.engine.threads import torch_threads_per_rank
+from shoal.models.linear_kernels import LARGE_FORWARD_TOKENS
 
 KEEP_SECTION = "## Where the time goes"
 CPU_FLAGS = ("avx", "fma", "f16c", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
@@ -57,8 +58,9 @@ def _threads_note(cfg: SuiteConfig) -> str:
     cores = os.cpu_count() or 1
     llama, trials = cfg.llama_threads(cores), cfg.llama_thread_trials(cores)
     return (f"Threads: shoal's scheduler and the bare forward use {threads} torch thread(s) "
-            f"for decode (one core per rank, one left to the api/detokenizer; prefill-heavy "
-            f"steps use every core); `transformers serve` runs with OMP_NUM_THREADS="
+            f"for decode batches of fewer than {LARGE_FORWARD_TOKENS} rows (one core per rank, "
+            f"one left to the api/detokenizer; larger batches and prefill-heavy steps use every "
+            f"core); `transformers serve` runs with OMP_NUM_THREADS="
             f"{hf_threads} (on 2 cores its default of one thread per core ran ~5x slower next "
             f"to its own HTTP thread and the benchmark client); `llama-server` runs with "
             f"`-t {llama} -tb {cores}`: generation on as many threads as shoal's decode, "

@@ -18,9 +18,10 @@ def torch_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
 
 
 def large_forward_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
-    """Cores per local rank, none left over: for forwards of many tokens only (prefill-heavy
-    steps, whose ops are long enough that a thread the OS lends to the api for a moment delays
-    a barrier a little, where a decode step's many short ops would stall at every one)."""
+    """Cores per local rank, none left over: for forwards of LARGE_FORWARD_TOKENS tokens or more
+    only (a decode batch of 12+ rows, prefill-heavy steps), whose products are long enough that
+    a thread the OS lends to the api for a moment delays a barrier a little; a step of a few
+    rows is many short ops, and it stalls at every one (docs/operations.md)."""
     return max(1, num_cores // ranks_on_this_host)
 
 

@@ -55,11 +55,11 @@ from shoal.models.quantization import dequantize, quantize_per_channel
 logger = logging.getLogger(__name__)
 
 # Products are timed at these row counts; a product of m rows uses the choice of the bucket
-# whose range holds m: 1 | 2-11 | 12-255 | 256+ (a forward of LARGE_FORWARD_TOKENS tokens or
-# more runs on every core: `shoal.engine.threads`).
+# whose range holds m: 1 | 2-11 | 12-255 | 256+. A forward of LARGE_FORWARD_TOKENS tokens or
+# more runs on every core (`shoal.engine.threads`), so the last two buckets are timed there.
 ROW_BUCKETS = (1, 4, 32, 256)
 _BUCKET_STARTS = (1, 2, 12, 256)
-LARGE_FORWARD_TOKENS = _BUCKET_STARTS[-1]
+LARGE_FORWARD_TOKENS = _BUCKET_STARTS[2]
 # Candidates are timed on random weights of the same shape and layout, at most this many output
 # rows (the LM head's 49k rows behave like 4k), and at small row counts on enough copies that a
 # pass streams from memory as a decode step does, not from cache.
@@ -272,11 +272,17 @@ def _pass(kernel: Kernel, weights: list[StoredWeight], x: torch.Tensor) -> float
     return (time.perf_counter() - start) / len(weights)
 
 
-def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int, int]
+def bucket_threads(threads: tuple[int, int]) -> tuple[int, ...]:
+    """The torch threads each row bucket's products run on, from (base, large forward)."""
+    return tuple(threads[1] if start >= LARGE_FORWARD_TOKENS else threads[0]
+                 for start in _BUCKET_STARTS)
+
+
+def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int, ...]
             ) -> dict[tuple[str, int], float]:
     """Seconds per product of each kernel at each of its row buckets for an [out, in] weight;
-    buckets before the last at `threads[0]` torch threads, the last at `threads[1]`. A
-    `one_thread` kernel is timed only in buckets that run on one thread. Each kernel's time is
+    bucket b at `threads[b]` torch threads (`bucket_threads`). A `one_thread` kernel is timed
+    only in buckets that run on one thread. Each kernel's time is
     its best of `_REPEATS` passes, taken in turns (a noisy moment of the host falls on every
     kernel alike); a kernel whose single product is `_GIVE_UP_RATIO` times the fastest one's is
     far behind and timed no further."""
@@ -287,7 +293,7 @@ def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int,
     seconds: dict[tuple[str, int], float] = {}
     try:
         for b, rows in enumerate(ROW_BUCKETS):
-            count = threads[1] if b == len(ROW_BUCKETS) - 1 else threads[0]
+            count = threads[b]
             torch.set_num_threads(count)
             x = torch.randn(rows, inp)
             timed = [k for k in kernels
@@ -358,7 +364,7 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
         threadpoolctl.threadpool_limits(1, user_api="blas")
         count = torch.get_num_threads()
         threads = threads or (count, count)
-        choices = {shape: _measured_choice(quantize, shape, threads)
+        choices = {shape: _measured_choice(quantize, shape, bucket_threads(threads))
                    for shape in sorted({tuple(p.shape) for p in params})}
     by_name = {k.name: k for k in (*FLOAT_KERNELS, *INT8_KERNELS)}
     stored = _store(params, {id(p): choices[tuple(p.shape)].layout for p in params}, quantize)
@@ -376,7 +382,8 @@ def _usable_kernels(quantize: bool) -> tuple[Kernel, ...]:
 
 
 @functools.cache
-def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, int]) -> Choice:
+def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, ...]
+                     ) -> Choice:
     """Measured once on this host for each weight shape and thread counts, and kept
     (`shoal.models.kernel_choices`; a process that loads several models, as the tests do, asks
     once per shape)."""
