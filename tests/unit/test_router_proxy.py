@@ -17,9 +17,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from shoal.ports import free_port
+from shoal.router import proxy
 from shoal.router.app import create_app
 from shoal.router.args import RouterArgs
-from shoal.router.proxy import prompt_text
+from shoal.router.proxy import bootstrap_fields, prompt_text
 from shoal.router.workers import service_urls
 from tests.support.wait import wait_until
 
@@ -226,7 +227,15 @@ def test_a_prefills_400_reaches_the_client_and_closes_the_decodes_request(
 
 
 def test_an_unreachable_decode_is_replaced_before_the_first_byte(
-        start_router: Any, workers: list[FakeWorker]) -> None:
+        start_router: Any, workers: list[FakeWorker], monkeypatch: pytest.MonkeyPatch) -> None:
+    handed_out: list[int] = []
+
+    def recorded(worker: Any) -> dict[str, Any]:
+        fields = bootstrap_fields(worker)
+        handed_out.append(fields["bootstrap_room"])
+        return fields
+
+    monkeypatch.setattr(proxy, "bootstrap_fields", recorded)
     prefill = _spawn(workers, mode="prefill")
     dead, alive = _spawn(workers, mode="decode"), _spawn(workers, mode="decode")
     router = start_router(prefills=(prefill.url,), decodes=(dead.url, alive.url),
@@ -234,8 +243,13 @@ def test_an_unreachable_decode_is_replaced_before_the_first_byte(
     dead.stop()  # the router has not noticed: its next health round is a minute away
     answers = [router.post("/generate", {"text": "x"}) for _ in range(2)]
     assert all(a.status_code == 200 and a.json()["worker"] == alive.port for a in answers)
-    rooms = [b["bootstrap_room"] for b in prefill.bodies]
-    assert len(rooms) == 3 and len(set(rooms)) == 3  # the retry came with a new room
+    # one room per attempt, the retry's a new one; the prefill's request of the failed attempt
+    # is cancelled with it, and may or may not have arrived
+    assert len(handed_out) == 3 and len(set(handed_out)) == 3
+    served = {b["bootstrap_room"] for b in alive.bodies}
+    assert len(alive.bodies) == 2 and len(served) == 2 and served < set(handed_out)
+    wait_until(lambda: served <= {b["bootstrap_room"] for b in prefill.bodies}, 5,
+               "the prefill got the rooms of both answers")  # sent beside the decode's
     info = httpx.get(router.url + "/server_info").json()["workers"]
     assert [w["healthy"] for w in info if w["url"] == dead.url] == [False]
 
