@@ -48,6 +48,7 @@ class ServerArgs:
     schedule_policy: SchedulePolicy = "fcfs"
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
+    enable_overlap_schedule: bool = False  # on CPU too, where it is off by default
     watchdog_timeout: float = 300.0
     enable_rank_consensus_check: bool = False
     disaggregation_mode: DisaggregationMode = "null"  # null: a colocated server (docs/pd.md)
@@ -71,6 +72,8 @@ class ServerArgs:
             (self.chunked_prefill_size is None or self.chunked_prefill_size >= 1,
              "--chunked-prefill-size must be >= 1"),
             (self.watchdog_timeout > 0, "--watchdog-timeout must be > 0"),
+            (not (self.enable_overlap_schedule and self.disable_overlap_schedule),
+             "--enable-overlap-schedule and --disable-overlap-schedule contradict each other"),
             (1 <= self.port <= 65535, "--port must be in [1, 65535]"),
             (self.context_length is None or self.context_length >= 2,
              "--context-length must be >= 2"),
@@ -96,10 +99,13 @@ class ServerArgs:
     def ranks_per_node(self) -> int:
         return self.world_size // self.nnodes
 
-    @property
-    def use_overlap_schedule(self) -> bool:
-        """The overlap loop, unless disabled; single-rank servers only (docs/architecture.md)."""
-        return self.world_size == 1 and not self.disable_overlap_schedule
+    def use_overlap_schedule(self, device_type: str) -> bool:
+        """The overlap loop: single-rank servers only; by default on CUDA, not on CPU, where
+        the forward runs on every core and the loop's worker thread slows it down
+        (docs/architecture.md, "The overlap loop")."""
+        if self.world_size != 1 or self.disable_overlap_schedule:
+            return False
+        return self.enable_overlap_schedule or device_type != "cpu"
 
     def local_ranks(self) -> list[tuple[int, int]]:
         """(pp_rank, tp_rank) of the ranks this node runs; global rank = pp_rank * tp + tp_rank."""

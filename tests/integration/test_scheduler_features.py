@@ -177,14 +177,14 @@ def test_overlap_schedule_gives_the_same_greedy_output(default_server: RunningSe
                 return r.json()
             return list(await asyncio.gather(*(one(b) for b in bodies)))
 
-    overlapped = asyncio.run(run(default_server.base_url))
-    assert "scheduling with the overlap loop" in default_server.log()
-    server = start_server(tmp_path, "--disable-overlap-schedule", "--max-total-tokens", "8192")
+    normal = asyncio.run(run(default_server.base_url))
+    assert "scheduling with the overlap loop" not in default_server.log()  # not on CPU
+    server = start_server(tmp_path, "--enable-overlap-schedule", "--max-total-tokens", "8192")
     try:
-        normal = asyncio.run(run(server.base_url))
+        overlapped = asyncio.run(run(server.base_url))
         with httpx.Client(base_url=server.base_url) as client:
             info = pool(client)
-        assert "scheduling with the overlap loop" not in server.log()
+        assert "scheduling with the overlap loop" in server.log()
     finally:
         server.stop()
     assert info["num_free_slots"] + info["num_cached_slots"] == info["num_total_slots"]

@@ -142,11 +142,12 @@ def test_workloads_seeds_and_shapes() -> None:
     assert SuiteConfig().num_prompts(1) == 4 and SuiteConfig().num_prompts(64) == 64
 
 
-def test_llama_cpp_threads_follow_shoals_decode_and_try_the_docs_choice() -> None:
-    assert SuiteConfig().llama_threads(2) == 1 and SuiteConfig().llama_thread_trials(2) == [2]
-    assert SuiteConfig().llama_threads(16) == 15 and SuiteConfig().llama_thread_trials(16) == [16]
-    assert SuiteConfig(llama_cpp_threads=2).llama_thread_trials(2) == []
-    assert SuiteConfig(llama_cpp_thread_trials=(1, 4)).llama_thread_trials(2) == [4]
+def test_llama_cpp_runs_one_thread_per_core_and_tries_one_fewer() -> None:
+    assert SuiteConfig().llama_threads(2) == 2 and SuiteConfig().llama_thread_trials(2) == [1]
+    assert SuiteConfig().llama_threads(16) == 16 and SuiteConfig().llama_thread_trials(16) == [15]
+    assert SuiteConfig().llama_thread_trials(1) == []
+    assert SuiteConfig(llama_cpp_threads=1).llama_thread_trials(2) == []
+    assert SuiteConfig(llama_cpp_thread_trials=(2, 4)).llama_thread_trials(2) == [4]
 
 
 def test_kv_pool_holds_twice_the_largest_workload() -> None:

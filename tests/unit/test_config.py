@@ -14,6 +14,7 @@ from shoal.config import (
     server_args_from_namespace,
     to_argv,
 )
+from shoal.engine.threads import RankThreads
 from shoal.launch.plan import build_plan
 from shoal.scheduler.process import chunked_prefill_size
 
@@ -38,6 +39,22 @@ def test_the_prefill_chunk_is_chosen_by_device_unless_given() -> None:
     assert chunked_prefill_size(given, torch.device("cuda")) == 300
 
 
+def test_the_overlap_loop_runs_on_cuda_and_on_cpu_only_when_asked() -> None:
+    assert parse([]).use_overlap_schedule("cuda") and not parse([]).use_overlap_schedule("cpu")
+    enabled = parse(["--enable-overlap-schedule"])
+    assert enabled.use_overlap_schedule("cpu") and enabled.use_overlap_schedule("cuda")
+    assert not parse(["--disable-overlap-schedule"]).use_overlap_schedule("cuda")
+    assert not parse(["--enable-overlap-schedule", "--tp", "2"]).use_overlap_schedule("cpu")
+
+
+def test_a_rank_leaves_a_core_free_only_for_the_overlap_loop() -> None:
+    assert RankThreads.for_host(2, 1, overlap=False) == RankThreads(2, 2)
+    assert RankThreads.for_host(2, 1, overlap=True) == RankThreads(1, 2)
+    assert RankThreads.for_host(8, 2, overlap=False) == RankThreads(4, 4)
+    assert RankThreads.for_host(2, 2, overlap=False) == RankThreads(1, 1)
+    assert RankThreads.for_host(1, 1, overlap=True) == RankThreads(1, 1)
+
+
 def test_env_fallback_and_flag_wins() -> None:
     env = {"SHOAL_PORT": "31000", "SHOAL_TP": "2", "SHOAL_DISABLE_RADIX_CACHE": "true",
            "SHOAL_SCHEDULE_POLICY": "lpm"}
@@ -58,7 +75,8 @@ def test_bad_env_values_are_config_errors(env: dict[str, str]) -> None:
                                   ["--port", "70000"], ["--max-total-tokens", "1"],
                                   ["--page-size", "16"],
                                   ["--disaggregation-bootstrap-port", "0"],
-                                  ["--disaggregation-timeout", "0"]])
+                                  ["--disaggregation-timeout", "0"],
+                                  ["--enable-overlap-schedule", "--disable-overlap-schedule"]])
 def test_impossible_configs_are_refused(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse(argv)

@@ -4,7 +4,7 @@ shoal's own `ModelRunner` with no server, scheduler, tokenizer or detokenizer in
 requests each hold a KV context of L tokens, then N decode steps run at batch B (forward plus a
 greedy argmax to pick the next input token). tokens/s = B * N / time of those N steps. The
 forwards run on the scheduler's thread counts for one rank on this host (`shoal.engine.threads`:
-a batch of LARGE_FORWARD_TOKENS rows or more on every core), or on `--num-threads` alone.
+on CPU every core, as the plain loop), or on `--num-threads` alone.
 
 The context is filled with one prefill of one request whose K/V are then copied to the other
 B - 1 requests' slots: every request reads a context of L tokens, as in serving, without paying
@@ -62,11 +62,11 @@ class ForwardBenchResult:
 
 
 def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
+    device = resolve_device(cfg.device)
     threads = (RankThreads(cfg.num_threads, cfg.num_threads) if cfg.num_threads
-               else RankThreads.for_host(os.cpu_count() or 1, 1))
+               else RankThreads.for_host(os.cpu_count() or 1, 1, overlap=device.type != "cpu"))
     torch.set_num_threads(threads.base)
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     max_len = cfg.context_len + cfg.warmup_steps + cfg.steps
     runner = ModelRunner(cfg.model_path, device, dtype, ParallelGroup(),

@@ -23,7 +23,6 @@ from shoal.bench.suite_runs import (
     SuiteResults,
 )
 from shoal.engine.threads import torch_threads_per_rank
-from shoal.models.linear_kernels import LARGE_FORWARD_TOKENS
 
 KEEP_SECTION = "## Where the time goes"
 CPU_FLAGS = ("avx", "fma", "f16c", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
@@ -53,24 +52,20 @@ def machine_info() -> dict[str, str]:
 
 
 def _threads_note(cfg: SuiteConfig) -> str:
-    threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
-    hf_threads = cfg.transformers_threads or threads
     cores = os.cpu_count() or 1
+    threads = torch_threads_per_rank(cores, 1, overlap=False)
     llama, trials = cfg.llama_threads(cores), cfg.llama_thread_trials(cores)
     return (f"Threads: shoal's scheduler and the bare forward use {threads} torch thread(s) "
-            f"for decode batches of fewer than {LARGE_FORWARD_TOKENS} rows (one core per rank, "
-            f"one left to the api/detokenizer; larger batches and prefill-heavy steps use every "
-            f"core); `transformers serve` runs with OMP_NUM_THREADS="
-            f"{hf_threads} (on 2 cores its default of one thread per core ran ~5x slower next "
-            f"to its own HTTP thread and the benchmark client); `llama-server` runs with "
-            f"`-t {llama} -tb {cores}`: generation on as many threads as shoal's decode, "
-            f"prompts on every core, like shoal's prefill-heavy steps (llama.cpp's docs advise "
-            f"one thread per physical core; on this shared host two spinning threads stalled "
-            f"its decode ~10x)"
+            f"for every step (one rank on every core; on CPU the scheduler runs its plain loop, "
+            f"not the overlap loop); `transformers serve` runs with OMP_NUM_THREADS="
+            f"{cfg.hf_threads(cores)} (on 2 cores its default of one thread per core ran ~5x "
+            f"slower next to its own HTTP thread and the benchmark client); `llama-server` runs "
+            f"with `-t {llama} -tb {cores}` (one thread per physical core, as llama.cpp's docs "
+            f"advise, like shoal's forward)"
             + (f", and once with `-t {', '.join(map(str, trials))}` at concurrency 1 and "
                f"{cfg.ratio_concurrency} (table below)" if trials else "")
             + f"; `generate` is the best of "
-            f"{{{', '.join(map(str, sorted({threads, os.cpu_count() or 1})))}}} threads.")
+            f"{{{', '.join(map(str, sorted({max(1, cores - 1), cores})))}}} threads.")
 
 
 def _latency_rows(res: SuiteResults) -> list[str]:

@@ -111,7 +111,7 @@ class Suite:
         self.llama_bin = llama_bin
         self.on_progress = on_progress
         self.res = SuiteResults()
-        self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1)
+        self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1, overlap=False)
         self.llama_threads = cfg.llama_threads(os.cpu_count() or 1)
         self.kv = ("--max-total-tokens", str(cfg.kv_tokens))
         self.up: dict[str, Server] = {}
@@ -218,7 +218,7 @@ class Suite:
             if llama is not None:
                 self.llama_serve(LLAMA_Q8, llama[1], c, self.llama_threads, [(cfg.shape, c)])
         if work and not cfg.skip_transformers:
-            threads = cfg.transformers_threads or self.threads
+            threads = cfg.hf_threads(os.cpu_count() or 1)
             hf = self.server(lambda: transformers_server(
                 TRANSFORMERS, str(model_store.prepare()), threads, results))
             if hf is not None:
@@ -226,7 +226,7 @@ class Suite:
 
     def generate(self) -> None:
         cfg = self.cfg
-        for n in sorted({self.threads, os.cpu_count() or 1}):
+        for n in sorted({max(1, (os.cpu_count() or 1) - 1), os.cpu_count() or 1}):
             out = self.results / f"generate-t{n}.json"
             self.res.generate.append(Run(f"generate-t{n}", [
                 sys.executable, "-m", "shoal.bench.hf_generate", "--input-len",

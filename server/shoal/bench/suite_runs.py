@@ -48,22 +48,25 @@ class SuiteConfig:
     ratio_concurrency: int = 32    # the shape comparisons and the ceiling are read here
     seed: int = 0
     skip_transformers: bool = False
-    transformers_threads: int | None = None  # None: shoal's policy (cores - 1 on one rank)
+    transformers_threads: int | None = None  # None: cores - 1 (its fastest on 2 cores)
     skip_llama_cpp: bool = False
-    llama_cpp_threads: int | None = None  # -t; None: shoal's decode policy (cores - 1)
-    # other -t values, tried at concurrency 1 and ratio_concurrency; None: one per core (what
-    # llama.cpp's docs advise)
+    llama_cpp_threads: int | None = None  # -t; None: one per core, as llama.cpp's docs advise
+    # other -t values, tried at concurrency 1 and ratio_concurrency; None: cores - 1
     llama_cpp_thread_trials: tuple[int, ...] | None = None
     quick: bool = False
 
+    def hf_threads(self, cores: int) -> int:
+        """OMP_NUM_THREADS of `transformers serve`: on 2 cores its default of one thread per core
+        ran ~5x slower next to its own HTTP thread and the benchmark client."""
+        return self.transformers_threads or max(1, cores - 1)
+
     def llama_threads(self, cores: int) -> int:
-        """`llama-server -t` (generation threads); `-tb` (prompt processing) is every core, as
-        shoal's prefill-heavy steps run on every core and its decode leaves one to the api: two
-        spinning threads on two busy cores stalled llama.cpp's decode ~10x on this host."""
-        return self.llama_cpp_threads or max(1, cores - 1)
+        """`llama-server -t` (generation threads) and `-tb` (prompt processing, always every
+        core): one per core, as llama.cpp's docs advise and as shoal's forward runs on CPU."""
+        return self.llama_cpp_threads or cores
 
     def llama_thread_trials(self, cores: int) -> list[int]:
-        trials = self.llama_cpp_thread_trials or (cores,)
+        trials = self.llama_cpp_thread_trials or (max(1, cores - 1),)
         return [t for t in trials if t != self.llama_threads(cores)]
 
     @property

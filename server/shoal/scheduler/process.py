@@ -80,12 +80,13 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     """Serve until SIGTERM. A failed collective raises `PeerLost` out of the loop (exit 75)."""
     layout = RankLayout(tp_rank=component.tp_rank, tp_size=args.tp, pp_rank=component.pp_rank,
                         pp_size=args.pp)
-    threads = RankThreads.for_host(os.cpu_count() or 1, args.ranks_per_node)
-    torch.set_num_threads(threads.base)
     try:
         device = resolve_device(args.device)
         if device.type == "cuda":  # one GPU per local rank
             device = torch.device("cuda", layout.rank % args.ranks_per_node)
+        overlap = args.use_overlap_schedule(device.type)
+        threads = RankThreads.for_host(os.cpu_count() or 1, args.ranks_per_node, overlap)
+        torch.set_num_threads(threads.base)
         groups = init_distributed(layout, args.dist_init_addr, device,
                                   with_consensus_group=args.enable_rank_consensus_check)
         context = RankContext(component.scheduler_name(args), component.run_dir, layout, groups,
@@ -103,7 +104,7 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
     signal.signal(signal.SIGTERM, stop)
     Watchdog(args.watchdog_timeout, lambda: (scheduler.has_work, scheduler.num_forward_steps),
              scheduler.describe_running, context.name, layout.rank).start()
-    if args.use_overlap_schedule and isinstance(scheduler, Scheduler):
+    if overlap and isinstance(scheduler, Scheduler):
         logger.info("scheduling with the overlap loop")
         scheduler.run_forever_overlapped()
     else:
