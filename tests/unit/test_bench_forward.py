@@ -37,7 +37,7 @@ def test_forward_command_reports_tokens_per_second(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     r = data["result"]
     assert (r["batch_size"], r["context_len"], r["steps"]) == (3, 24, 3)
-    assert r["num_threads"] == RankThreads.for_host(os.cpu_count() or 1, 1, overlap=False).base
+    assert r["num_threads"] == RankThreads.for_host(os.cpu_count() or 1, 1, spare_core=False).base
     assert (r["device"], r["dtype"]) == ("cpu", "float32")
     assert r["total_s"] > 0
     assert r["tokens_per_s"] == pytest.approx(3 * 3 / r["total_s"])

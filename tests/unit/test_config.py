@@ -47,12 +47,12 @@ def test_the_overlap_loop_runs_on_cuda_and_on_cpu_only_when_asked() -> None:
     assert not parse(["--enable-overlap-schedule", "--tp", "2"]).use_overlap_schedule("cpu")
 
 
-def test_a_rank_leaves_a_core_free_only_for_the_overlap_loop() -> None:
-    assert RankThreads.for_host(2, 1, overlap=False) == RankThreads(2, 2)
-    assert RankThreads.for_host(2, 1, overlap=True) == RankThreads(1, 2)
-    assert RankThreads.for_host(8, 2, overlap=False) == RankThreads(4, 4)
-    assert RankThreads.for_host(2, 2, overlap=False) == RankThreads(1, 1)
-    assert RankThreads.for_host(1, 1, overlap=True) == RankThreads(1, 1)
+def test_a_rank_leaves_a_core_free_only_when_asked() -> None:
+    assert RankThreads.for_host(2, 1, spare_core=False) == RankThreads(2, 2)
+    assert RankThreads.for_host(2, 1, spare_core=True) == RankThreads(1, 2)
+    assert RankThreads.for_host(8, 2, spare_core=False) == RankThreads(4, 4)
+    assert RankThreads.for_host(2, 2, spare_core=False) == RankThreads(1, 1)
+    assert RankThreads.for_host(1, 1, spare_core=True) == RankThreads(1, 1)
 
 
 def test_env_fallback_and_flag_wins() -> None:

@@ -351,17 +351,29 @@ def test_an_abort_during_the_transfer_ends_it_on_both_sides(
     trio.wait_whole()
 
 
-def test_an_abort_while_decoding_is_an_ordinary_abort(gated: tuple[Trio,
-                                                                   threading.Semaphore]) -> None:
-    trio, gate = gated
-    gate.release(1000)
-    trio.send(gen("chatty", [3, 4, 5], max_new=200, ignore_eos=True))
-    wait_until(lambda: len(trio.decode.io.tokens("chatty")) >= 3, 10, "decoding")
-    trio.decode.io.inbox.put(AbortReq(rid="chatty"))
-    wait_until(lambda: trio.decode.io.finishes("chatty"), 5, "the abort")
-    _aborted_once(trio.decode, "chatty")
-    assert trio.prefill.io.last("chatty").finish.kind == "length"  # type: ignore[union-attr]
-    trio.wait_whole()
+def test_an_abort_while_decoding_is_an_ordinary_abort() -> None:
+    # the decode computes one step per permit: the abort lands while it decodes, never after
+    # it has run to max_new (the stand-in model is that fast)
+    steps = threading.Semaphore(4)
+    port = free_port()
+    prefill = make_server(role="prefill", bootstrap_port=port)
+    decode = make_server(role="decode", gate=steps)
+    prefill.start()
+    decode.start()
+    trio = Trio(prefill, decode, f"127.0.0.1:{port}")
+    try:
+        trio.send(gen("chatty", [3, 4, 5], max_new=200, ignore_eos=True))
+        wait_until(lambda: len(trio.decode.io.tokens("chatty")) >= 3, 10, "decoding")
+        trio.decode.io.inbox.put(AbortReq(rid="chatty"))
+        steps.release(1000)
+        wait_until(lambda: trio.decode.io.finishes("chatty"), 5, "the abort")
+        _aborted_once(trio.decode, "chatty")
+        assert trio.prefill.io.last("chatty").finish.kind == "length"  # type: ignore[union-attr]
+        trio.wait_whole()
+    finally:
+        steps.release(1000)
+        prefill.stop()
+        decode.stop()
 
 
 def test_a_prefill_that_never_sends_times_out_on_the_decode() -> None:

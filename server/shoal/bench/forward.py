@@ -64,7 +64,7 @@ class ForwardBenchResult:
 def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
     device = resolve_device(cfg.device)
     threads = (RankThreads(cfg.num_threads, cfg.num_threads) if cfg.num_threads
-               else RankThreads.for_host(os.cpu_count() or 1, 1, overlap=device.type != "cpu"))
+               else RankThreads.for_host(os.cpu_count() or 1, 1, spare_core=device.type != "cpu"))
     torch.set_num_threads(threads.base)
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype, device)

@@ -53,7 +53,7 @@ def machine_info() -> dict[str, str]:
 
 def _threads_note(cfg: SuiteConfig) -> str:
     cores = os.cpu_count() or 1
-    threads = torch_threads_per_rank(cores, 1, overlap=False)
+    threads = torch_threads_per_rank(cores, 1, spare_core=False)
     llama, trials = cfg.llama_threads(cores), cfg.llama_thread_trials(cores)
     return (f"Threads: shoal's scheduler and the bare forward use {threads} torch thread(s) "
             f"for every step (one rank on every core; on CPU the scheduler runs its plain loop, "

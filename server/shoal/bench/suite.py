@@ -111,7 +111,7 @@ class Suite:
         self.llama_bin = llama_bin
         self.on_progress = on_progress
         self.res = SuiteResults()
-        self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1, overlap=False)
+        self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1, spare_core=False)
         self.llama_threads = cfg.llama_threads(os.cpu_count() or 1)
         self.kv = ("--max-total-tokens", str(cfg.kv_tokens))
         self.up: dict[str, Server] = {}

@@ -11,18 +11,19 @@ import torch
 from shoal.models.linear_kernels import LARGE_FORWARD_TOKENS
 
 
-def torch_threads_per_rank(num_cores: int, ranks_on_this_host: int, overlap: bool) -> int:
-    """Cores per local rank; with the overlap loop one core is left to its worker thread, the
-    api and the detokenizer (OpenMP threads that outnumber the free cores stall at every
-    barrier), without it none: the forward is what the rank runs."""
-    return max(1, (num_cores - overlap) // ranks_on_this_host)
+def torch_threads_per_rank(num_cores: int, ranks_on_this_host: int, spare_core: bool) -> int:
+    """Cores per local rank, less one core per host with `spare_core`: left to the overlap loop's
+    worker thread, the api and the detokenizer (OpenMP threads that outnumber the free cores
+    stall at every barrier), or to the api of an embedding model; without it the forward is
+    what the host runs."""
+    return max(1, (num_cores - spare_core) // ranks_on_this_host)
 
 
 def large_forward_threads_per_rank(num_cores: int, ranks_on_this_host: int) -> int:
     """Cores per local rank, none left over: for forwards of LARGE_FORWARD_TOKENS tokens or more
     (a decode batch of 12+ rows, prefill-heavy steps), whose products are long enough that a
-    thread the OS lends to the api for a moment delays a barrier a little; with the overlap
-    loop, a step of a few rows is many short ops, and it stalls at every one
+    thread the OS lends to the api for a moment delays a barrier a little; beside the overlap
+    loop's worker, a step of a few rows is many short ops, and it stalls at every one
     (docs/operations.md)."""
     return max(1, num_cores // ranks_on_this_host)
 
@@ -33,9 +34,9 @@ class RankThreads:
     large_forward: int  # threads of a forward of LARGE_FORWARD_TOKENS tokens or more
 
     @classmethod
-    def for_host(cls, num_cores: int, ranks_on_this_host: int, overlap: bool) -> RankThreads:
-        """The counts of a rank that runs the overlap loop (`overlap`) or the plain one."""
-        return cls(torch_threads_per_rank(num_cores, ranks_on_this_host, overlap),
+    def for_host(cls, num_cores: int, ranks_on_this_host: int, spare_core: bool
+                 ) -> RankThreads:
+        return cls(torch_threads_per_rank(num_cores, ranks_on_this_host, spare_core),
                    large_forward_threads_per_rank(num_cores, ranks_on_this_host))
 
     def for_tokens(self, num_tokens: int) -> int:

@@ -84,16 +84,18 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
         device = resolve_device(args.device)
         if device.type == "cuda":  # one GPU per local rank
             device = torch.device("cuda", layout.rank % args.ranks_per_node)
-        overlap = args.use_overlap_schedule(device.type)
-        threads = RankThreads.for_host(os.cpu_count() or 1, args.ranks_per_node, overlap)
+        encoder = is_encoder_model(resolve_model_path(args))
+        overlap = not encoder and args.use_overlap_schedule(device.type)
+        # an embedding rank leaves a core to the api, which works on every one of its requests
+        threads = RankThreads.for_host(os.cpu_count() or 1, args.ranks_per_node,
+                                       spare_core=overlap or encoder)
         torch.set_num_threads(threads.base)
         groups = init_distributed(layout, args.dist_init_addr, device,
                                   with_consensus_group=args.enable_rank_consensus_check)
         context = RankContext(component.scheduler_name(args), component.run_dir, layout, groups,
                               device, threads)
         scheduler: Scheduler | EmbeddingScheduler = (
-            build_embedding_scheduler(args, context)
-            if is_encoder_model(resolve_model_path(args))
+            build_embedding_scheduler(args, context) if encoder
             else build_scheduler(args, context, faults.faults_from_env()))
     except (OSError, ValueError, RuntimeError) as exc:
         raise StartupFailed(f"{type(exc).__name__}: {exc}") from exc
