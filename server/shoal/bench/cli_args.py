@@ -66,8 +66,7 @@ def add_forward_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default="none", choices=("none", "w8a16"),
                         help="as `shoal serve --quantization`")
     parser.add_argument("--num-threads", type=int, default=None,
-                        help="torch threads of every forward (default: the scheduler's: "
-                             "batches of fewer than 12 rows leave one core to the api and "
-                             "detokenizer, larger ones use every core)")
+                        help="torch threads of every forward (default: the scheduler's for "
+                             "one rank: on CPU every core)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-file", default=None, help="write the result as JSON here")

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from shoal import model_store
+from shoal.config import ServerArgs
 from shoal.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from shoal.engine.threads import RankThreads
 from shoal.models.forward_batch import ForwardBatch
@@ -64,7 +65,8 @@ class ForwardBenchResult:
 def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
     device = resolve_device(cfg.device)
     threads = (RankThreads(cfg.num_threads, cfg.num_threads) if cfg.num_threads
-               else RankThreads.for_host(os.cpu_count() or 1, 1, spare_core=device.type != "cpu"))
+               else RankThreads.for_host(os.cpu_count() or 1, 1, spare_core=ServerArgs()
+                                         .use_overlap_schedule(device.type)))
     torch.set_num_threads(threads.base)
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype, device)

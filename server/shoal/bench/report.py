@@ -65,7 +65,7 @@ def _threads_note(cfg: SuiteConfig) -> str:
             + (f", and once with `-t {', '.join(map(str, trials))}` at concurrency 1 and "
                f"{cfg.ratio_concurrency} (table below)" if trials else "")
             + f"; `generate` is the best of "
-            f"{{{', '.join(map(str, sorted({max(1, cores - 1), cores})))}}} threads.")
+            f"{{{', '.join(map(str, cfg.generate_threads(cores)))}}} threads.")
 
 
 def _latency_rows(res: SuiteResults) -> list[str]:

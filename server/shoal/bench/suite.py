@@ -55,7 +55,6 @@ from shoal.bench.suite_runs import (
     SuiteConfig,
     SuiteResults,
 )
-from shoal.engine.threads import torch_threads_per_rank
 
 
 def _slug(text: str) -> str:
@@ -111,7 +110,6 @@ class Suite:
         self.llama_bin = llama_bin
         self.on_progress = on_progress
         self.res = SuiteResults()
-        self.threads = torch_threads_per_rank(os.cpu_count() or 1, 1, spare_core=False)
         self.llama_threads = cfg.llama_threads(os.cpu_count() or 1)
         self.kv = ("--max-total-tokens", str(cfg.kv_tokens))
         self.up: dict[str, Server] = {}
@@ -226,7 +224,7 @@ class Suite:
 
     def generate(self) -> None:
         cfg = self.cfg
-        for n in sorted({max(1, (os.cpu_count() or 1) - 1), os.cpu_count() or 1}):
+        for n in cfg.generate_threads(os.cpu_count() or 1):
             out = self.results / f"generate-t{n}.json"
             self.res.generate.append(Run(f"generate-t{n}", [
                 sys.executable, "-m", "shoal.bench.hf_generate", "--input-len",

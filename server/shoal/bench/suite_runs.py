@@ -60,6 +60,10 @@ class SuiteConfig:
         ran ~5x slower next to its own HTTP thread and the benchmark client."""
         return self.transformers_threads or max(1, cores - 1)
 
+    def generate_threads(self, cores: int) -> list[int]:
+        """Thread counts transformers' `generate` runs with; the report keeps the best."""
+        return sorted({max(1, cores - 1), cores})
+
     def llama_threads(self, cores: int) -> int:
         """`llama-server -t` (generation threads) and `-tb` (prompt processing, always every
         core): one per core, as llama.cpp's docs advise and as shoal's forward runs on CPU."""
