@@ -120,6 +120,13 @@ def test_bucket_of_a_row_count(rows: int, bucket: int) -> None:
     assert bucket_index(rows) == bucket
 
 
+def test_row_major_chooses_among_row_layouts_only(model: _Tied) -> None:
+    """As the fused decode reads them (`shoal.models.fused_decode`)."""
+    choices = prepare_linears(model, "none", threads=(1, 1), row_major=True)
+    assert {choice.layout for choice in choices.values()} == {"row"}
+    assert all(p.is_contiguous() for p in model.parameters())
+
+
 def test_float_weights_keep_values_shapes_and_ties(model: _Tied) -> None:
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     choices = prepare_linears(model, "none", threads=(1, 1))

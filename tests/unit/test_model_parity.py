@@ -250,3 +250,33 @@ def test_tensor_parallel_matches_single_rank(tiny_model_dirs: dict[str, Path],
         for rank in range(2):
             got = torch.load(tmp_path / f"{name}-{rank}.pt")
             torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_fused_decode_matches_the_layers_op_by_op(tiny_model_dirs: dict[str, Path],
+                                                  name: str) -> None:
+    """Few-row decode steps run each layer as one kernel call (`shoal.models.fused_decode`) on
+    this CPU float32 runner; five rows of different context lengths (a block of four and one
+    alone in its products) give the logits the layers give op by op, and the same K/V."""
+    runner = _make_runner(tiny_model_dirs[name])
+    fused = runner.model.fused_decode
+    assert fused is not None
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [1, *range(40, 60)], [1, 9]]
+    driver = _Driver(runner, seed=3)
+    requests, logits = driver.prefill(prompts)
+    for req, token in zip(requests, logits.argmax(-1).tolist()):
+        req.tokens.append(token)
+    computed = [req.computed_len for req in requests]
+    rows = torch.tensor([req.req_pool_idx for req in requests])
+    outputs = []
+    for mode in (fused, None):
+        runner.model.fused_decode = mode
+        for req, length in zip(requests, computed):
+            req.computed_len = length
+        logits = driver.step([(req, 1) for req in requests])
+        slots = runner.req_to_token_pool.table[rows, torch.tensor(computed)]
+        outputs.append((logits, [(k[slots], v[slots])
+                                 for k, v in zip(runner.kv_pool.k, runner.kv_pool.v)]))
+    (fused_logits, fused_kv), (op_logits, op_kv) = outputs
+    torch.testing.assert_close(fused_logits, op_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fused_kv, op_kv, atol=1e-5, rtol=1e-5)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from shoal.engine import decode_attention
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool
-from shoal.models.attention_backend import AttentionBackend
+from shoal.models.attention_backend import AttentionBackend, PagedDecode
 from shoal.models.forward_batch import ForwardBatch
 
 
@@ -94,6 +94,13 @@ class TorchNativeBackend(AttentionBackend):
                                              [batch.seq_lens_list[r] for r in decode])
             self._decode_tokens = torch.tensor([starts[r] for r in decode], dtype=torch.int64,
                                                device=device)
+
+    def paged_decode(self) -> PagedDecode | None:
+        decode = self._decode
+        if not self.in_place_decode or decode is None or self._decode_tokens is not None:
+            return None
+        return PagedDecode(self.kv_pool.k, self.kv_pool.v, self.req_to_token.table, decode.rows,
+                           decode.seq_lens, self._out_cache_loc)
 
     def _decode_keys(self, rows: torch.Tensor, seq_lens: torch.Tensor, lens: list[int]
                      ) -> _DecodeRows:

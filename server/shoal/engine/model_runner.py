@@ -17,7 +17,7 @@ import torch.distributed as dist
 from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from shoal.engine.threads import RankThreads, forward_threads
-from shoal.models import ModelConfig, get_model_class, layer_kernels
+from shoal.models import ModelConfig, fused_decode, get_model_class, layer_kernels
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import head_shard
 from shoal.models.linear_kernels import prepare_linears
@@ -65,9 +65,13 @@ class ModelRunner:
         with torch.device(device), _default_dtype(dtype):
             self.model = model_class(config, tp, start_layer, end_layer)
         load_checkpoint(self.model, model_path)
+        fused = fused_decode.enabled_for(device, dtype, tp.size, quantization != "none")
         prepare_linears(self.model, quantization,
-                        None if threads is None else (threads.base, threads.large_forward))
+                        None if threads is None else (threads.base, threads.large_forward),
+                        row_major=fused)
         layer_kernels.prepare(self.model, device, dtype)
+        if fused:
+            self.model.prepare_fused_decode()
 
         num_layers = end_layer - start_layer
         num_kv_heads = head_shard(config.num_heads, config.num_kv_heads, tp).num_kv_heads

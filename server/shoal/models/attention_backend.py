@@ -10,10 +10,26 @@ tokens `req_to_token[req_pool_idx, :seq_len]`, causally: new token i of a reques
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from shoal.models.forward_batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class PagedDecode:
+    """A decode batch's K/V where they lie, for a kernel that writes and reads them in place
+    (`shoal.models.fused_decode`): per layer the pool buffers k / v [slots, kv_heads, head_dim],
+    the request -> token table, and per row its request's row of the table, its sequence length
+    (the new token included) and its new token's slot."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    table: torch.Tensor
+    rows: torch.Tensor
+    seq_lens: torch.Tensor
+    out_cache_loc: torch.Tensor
 
 
 class AttentionBackend(ABC):
@@ -27,3 +43,8 @@ class AttentionBackend(ABC):
         """Store k/v [num_tokens, num_kv_heads, head_dim] at `batch.out_cache_loc` in `layer`'s
         buffers and return the attention output for q [num_tokens, num_heads, head_dim], of the
         same shape as q. Only valid after `prepare` of the batch these tokens belong to."""
+
+    def paged_decode(self) -> PagedDecode | None:
+        """The prepared batch's K/V in place, when every row is a decode row and the pools are
+        CPU float32 buffers a kernel may write; else None (the default)."""
+        return None

@@ -19,6 +19,7 @@ from shoal.models import layer_kernels
 from shoal.models.attention_backend import AttentionBackend
 from shoal.models.config import ModelConfig
 from shoal.models.forward_batch import ForwardBatch
+from shoal.models.fused_decode import MAX_ROWS, FusedDecode, FusedLayer
 from shoal.models.layers import (
     GateUpParallelLinear,
     ParallelLMHead,
@@ -109,6 +110,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """`fused_decode`: decode batches of up to `MAX_ROWS` rows run their layers one kernel call
+    each (`shoal.models.fused_decode`, set by `prepare_fused_decode`) where the attention
+    backend lends the K/V in place."""
+
+    fused_decode: FusedDecode | None = None
+
     def __init__(self, config: ModelConfig, tp: ParallelGroup, start_layer: int,
                  end_layer: int) -> None:
         super().__init__()
@@ -144,14 +151,27 @@ class LlamaForCausalLM(nn.Module):
             hidden = self.embed_tokens(batch.input_ids)
         assert hidden is not None, "a stage after the first needs the previous stage's hidden"
         cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, attn)
+        paged = (attn.paged_decode()
+                 if self.fused_decode is not None and batch.num_tokens <= MAX_ROWS else None)
+        if paged is not None:
+            assert self.fused_decode is not None
+            hidden, residual = self.fused_decode.forward(hidden, residual, cos, sin, paged)
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, cos, sin, attn)
         assert residual is not None
         if self.norm is None or self.lm_head is None:
             return hidden, residual
         at = batch.logits_at
         hidden, _ = self.norm.add_and_norm(hidden[at], residual[at])
         return self.lm_head(hidden)
+
+    def prepare_fused_decode(self) -> None:
+        """Run few-row decode steps fused (once the linear kernels are prepared)."""
+        first = self.layers[0].self_attn.qkv_proj
+        self.fused_decode = FusedDecode([FusedLayer.of(layer) for layer in self.layers],
+                                        first.num_heads, first.num_kv_heads,
+                                        self.config.rms_norm_eps)
 
     def load_weight(self, name: str, source: TensorSlice) -> list[str]:
         """Copy checkpoint tensor `name` into the parameters this stage and rank own."""
