@@ -42,6 +42,11 @@ from shoal.models.quantization import dequantize, quantize_per_channel
 # Decode batches of up to this many rows (the row buckets whose products run on the base thread
 # count, `shoal.models.linear_kernels.LARGE_FORWARD_TOKENS`); larger ones run op by op.
 MAX_ROWS = 11
+# The probe child's limit: its serial build compiles in ~10-30 s the first time on two cores
+# (the cache serves later loads), longer on a busy host.
+_FIRST_COMPILE_S = 180.0
+# Output channels a parallel task computes.
+_GROUP = 4
 _NO_BIAS = np.zeros(0, np.float32)
 
 # Helpers inlined into the kernel (numba IR), so compiled with its options.
@@ -60,12 +65,12 @@ def _rms_norm_row(x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.nd
 
 @_inline
 def _channel(x: np.ndarray, w: np.ndarray, n: int, scale: np.float32, out: np.ndarray,
-             col: int) -> None:
-    """out[:, col] = (x [rows, in] . w[n]) * scale, four rows at a time (each weight load feeds
-    four sums), the last rows one at a time."""
+             col: int, first_row: int) -> None:
+    """out[m, col] = (x[m] . w[n]) * scale for rows m from `first_row`, four rows at a time
+    (each weight load feeds four sums), the last rows one at a time."""
     rows, depth = x.shape
     wn = w[n]
-    m = 0
+    m = first_row
     while m + 4 <= rows:
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
@@ -88,6 +93,66 @@ def _channel(x: np.ndarray, w: np.ndarray, n: int, scale: np.float32, out: np.nd
             a0 += x[m, k] * np.float32(wn[k])
         out[m, col] = a0 * scale
         m += 1
+
+
+@_inline
+def _channels(x: np.ndarray, w: np.ndarray, n: int, count: int, scale: np.ndarray,
+              out: np.ndarray, col: int) -> None:
+    """out[:, col + c] = (x . w[n + c]) * scale[n + c] for c < count (at most `_GROUP`): with a
+    full group and several rows, four channels and three rows at a time (twelve sums: each
+    weight load feeds three, each activation load four; a step of many rows is bound by its
+    multiply-adds), the rows left over and a lone row a channel at a time."""
+    rows, depth = x.shape
+    m = 0
+    if count == _GROUP:
+        while m + 3 <= rows:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            b0 = np.float32(0.0)
+            b1 = np.float32(0.0)
+            b2 = np.float32(0.0)
+            c0 = np.float32(0.0)
+            c1 = np.float32(0.0)
+            c2 = np.float32(0.0)
+            d0 = np.float32(0.0)
+            d1 = np.float32(0.0)
+            d2 = np.float32(0.0)
+            for k in range(depth):
+                u0 = np.float32(w[n, k])
+                u1 = np.float32(w[n + 1, k])
+                u2 = np.float32(w[n + 2, k])
+                u3 = np.float32(w[n + 3, k])
+                x0 = x[m, k]
+                x1 = x[m + 1, k]
+                x2 = x[m + 2, k]
+                a0 += x0 * u0
+                a1 += x1 * u0
+                a2 += x2 * u0
+                b0 += x0 * u1
+                b1 += x1 * u1
+                b2 += x2 * u1
+                c0 += x0 * u2
+                c1 += x1 * u2
+                c2 += x2 * u2
+                d0 += x0 * u3
+                d1 += x1 * u3
+                d2 += x2 * u3
+            out[m, col] = a0 * scale[n]
+            out[m + 1, col] = a1 * scale[n]
+            out[m + 2, col] = a2 * scale[n]
+            out[m, col + 1] = b0 * scale[n + 1]
+            out[m + 1, col + 1] = b1 * scale[n + 1]
+            out[m + 2, col + 1] = b2 * scale[n + 1]
+            out[m, col + 2] = c0 * scale[n + 2]
+            out[m + 1, col + 2] = c1 * scale[n + 2]
+            out[m + 2, col + 2] = c2 * scale[n + 2]
+            out[m, col + 3] = d0 * scale[n + 3]
+            out[m + 1, col + 3] = d1 * scale[n + 3]
+            out[m + 2, col + 3] = d2 * scale[n + 3]
+            m += 3
+    for c in range(count):
+        _channel(x, w, n + c, scale[n + c], out, col + c, m)
 
 
 def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np.float32,
@@ -120,8 +185,10 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
 
     # q/k/v
     qkv = np.empty((rows, (heads + 2 * kv_heads) * dim), np.float32)
-    for n in numba.prange(qkv_w.shape[0]):
-        _channel(normed, qkv_w, n, qkv_scale[n], qkv, n)
+    width = qkv_w.shape[0]
+    for g in numba.prange((width + _GROUP - 1) // _GROUP):
+        n = g * _GROUP
+        _channels(normed, qkv_w, n, min(_GROUP, width - n), qkv_scale, qkv, n)
 
     # bias, rotary embedding on q and k heads, K/V into the pool
     half = dim // 2
@@ -176,8 +243,9 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
 
     # output product
     projected = np.empty((rows, size), np.float32)
-    for n in numba.prange(size):
-        _channel(attn, o_w, n, o_scale[n], projected, n)
+    for g in numba.prange((size + _GROUP - 1) // _GROUP):
+        n = g * _GROUP
+        _channels(attn, o_w, n, min(_GROUP, size - n), o_scale, projected, n)
 
     # post-attention norm (and the residual add)
     for m in range(rows):
@@ -192,16 +260,20 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
     inner = gu_w.shape[0] // 2
     act = np.empty((rows, inner), np.float32)
     up = np.empty((rows, inner), np.float32)
-    for j in numba.prange(inner):
-        _channel(normed, gu_w, j, gu_scale[j], act, j)
-        _channel(normed, gu_w, inner + j, gu_scale[inner + j], up, j)
+    for g in numba.prange((inner + _GROUP - 1) // _GROUP):
+        j = g * _GROUP
+        count = min(_GROUP, inner - j)
+        _channels(normed, gu_w, j, count, gu_scale, act, j)
+        _channels(normed, gu_w, inner + j, count, gu_scale, up, j)
         for m in range(rows):
-            g = act[m, j]
-            act[m, j] = g / (np.float32(1.0) + np.exp(-g)) * up[m, j]
+            for c in range(j, j + count):
+                gate = act[m, c]
+                act[m, c] = gate / (np.float32(1.0) + np.exp(-gate)) * up[m, c]
 
     # down product
-    for n in numba.prange(size):
-        _channel(act, down_w, n, down_scale[n], out, n)
+    for g in numba.prange((size + _GROUP - 1) // _GROUP):
+        n = g * _GROUP
+        _channels(act, down_w, n, min(_GROUP, size - n), down_scale, out, n)
 
 
 _kernel = Twins(_decode_layer)
@@ -305,7 +377,7 @@ def usable(quantized: bool) -> bool:
     """Whether the kernel's build for float32 (or int8) weights runs here (its serial build
     first in a forked child) and agrees with the layer computed op by op on a small case."""
     return runs_and_agrees("fused-decode-int8" if quantized else "fused-decode",
-                           functools.partial(_agrees, quantized))
+                           functools.partial(_agrees, quantized), _FIRST_COMPILE_S)
 
 
 # -- the agreement check: a small random layer against torch's ops ---------------------------
@@ -313,7 +385,7 @@ def usable(quantized: bool) -> bool:
 
 def _agrees(quantized: bool) -> bool:
     gen = torch.Generator().manual_seed(0)
-    size, heads, kv_heads, dim, inner = 32, 4, 2, 8, 48
+    size, heads, kv_heads, dim, inner = 32, 4, 2, 8, 46
     eps = 1e-6
 
     def randn(*shape: int) -> torch.Tensor:
@@ -335,11 +407,13 @@ def _agrees(quantized: bool) -> bool:
     layer = FusedLayer(norm1.numpy(), qkv, qkv_bias.numpy(), o, o_bias.numpy(), norm2.numpy(),
                        gate_up, down)
 
-    # five rows: a block of four and one alone in the products
-    slots, count = 80, 5
+    # eight rows: two blocks of three and two alone in the products of four channels at a time,
+    # two blocks of four in the last two channels of gate and up (`inner` is 4k + 2)
+    slots, count = 160, 8
     k_pool, v_pool = randn(slots, kv_heads, dim), randn(slots, kv_heads, dim)
-    table = torch.randperm(slots, generator=gen)[:72].view(6, 12)
-    rows, seq_lens = torch.tensor([2, 0, 5, 1, 3]), torch.tensor([12, 5, 1, 9, 7])
+    table = torch.randperm(slots, generator=gen)[:120].view(10, 12)
+    rows = torch.tensor([2, 0, 5, 1, 3, 9, 7, 8])
+    seq_lens = torch.tensor([12, 5, 1, 9, 7, 12, 2, 3])
     out_cache_loc = table[rows, seq_lens - 1]
     hidden, residual = randn(count, size), randn(count, size)
     angles = (seq_lens - 1)[:, None].float() * torch.tensor([1.0, 0.1, 0.01, 0.001])

@@ -24,22 +24,25 @@ logger = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 30.0
 
 
-def runs_and_agrees(name: str, agrees: Callable[[], bool]) -> bool:
+def runs_and_agrees(name: str, agrees: Callable[[], bool], timeout_s: float | None = None
+                    ) -> bool:
     """Whether `agrees()` (a kernel against its reference on a small case) returns True in a
-    forked child, on one thread, and then in this process."""
+    forked child, on one thread, within `timeout_s` (default `PROBE_TIMEOUT_S`; a kernel that
+    compiles for long the first time asks for more), and then in this process."""
     def check() -> None:
         if not agrees():
             raise ArithmeticError(f"kernel {name} disagrees with its reference on a small case")
 
-    return runs_in_child(name, check) and agrees()
+    return runs_in_child(name, check, timeout_s) and agrees()
 
 
-def runs_in_child(name: str, probe: Callable[[], None]) -> bool:
+def runs_in_child(name: str, probe: Callable[[], None], timeout_s: float | None = None) -> bool:
     """Whether `probe()` returns normally in a forked child (single-threaded there)."""
-    return runs_in_children({name: probe})[name]
+    return runs_in_children({name: probe}, timeout_s)[name]
 
 
-def runs_in_children(probes: dict[str, Callable[[], None]]) -> dict[str, bool]:
+def runs_in_children(probes: dict[str, Callable[[], None]], timeout_s: float | None = None
+                     ) -> dict[str, bool]:
     """Per name, whether its probe returns normally in a child forked for it; the children run
     at the same time (a probe that loads a numba build spends ~0.3 s, a dozen of them one after
     another were ~4 s of every rank's start)."""
@@ -47,7 +50,8 @@ def runs_in_children(probes: dict[str, Callable[[], None]]) -> dict[str, bool]:
         return {name: _runs_here(name, probe) for name, probe in probes.items()}
     children = {_fork(probe): name for name, probe in probes.items()}
     results: dict[str, bool] = {}
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    limit = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + limit
     while children and time.monotonic() < deadline:
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -62,7 +66,7 @@ def runs_in_children(probes: dict[str, Callable[[], None]]) -> dict[str, bool]:
     for pid, name in children.items():
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        logger.warning("kernel %s: probe child hung for %.0f s", name, PROBE_TIMEOUT_S)
+        logger.warning("kernel %s: probe child hung for %.0f s", name, limit)
         results[name] = False
     return results
 
