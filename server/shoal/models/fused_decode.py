@@ -3,12 +3,13 @@
 At one decode row the products are what streaming the weights costs, yet a layer run op by op
 is ~40 torch ops and kernel calls, each with its dispatch, its tensor wrappers and its own
 parallel region: on a 2-core AMD EPYC a one-stream step took 28.7 ms op by op and 22.2 ms fused
-in float32, 15.9 and 8.6 ms in w8a16 (docs/benchmarks.md). Here one call per layer computes the whole layer for a decode
-batch of up to `MAX_ROWS` rows: residual add and RMSNorm, the fused q/k/v product (and its
-bias), the rotary embedding, the new K/V written to their pool slots, attention over each
-request's slots where they lie in the pool, the output product, the second norm, gate and up
-products with SiLU-and-multiply as they are summed, and the down product, in five parallel
-regions (products over output channels, attention over rows and heads).
+in float32, 15.9 and 8.6 ms in w8a16 (docs/benchmarks.md). Here one call per layer computes
+the whole layer for a decode batch of up to `MAX_ROWS` rows: residual add and RMSNorm, the
+fused q/k/v product (and its bias), the rotary embedding, the new K/V written to their pool
+slots, attention over each request's slots where they lie in the pool, the output product, the
+second norm, gate and up products with SiLU-and-multiply as they are summed, and the down
+product, in five parallel regions (products over groups of output channels, attention over
+rows and heads).
 
 The products read the weights as `shoal.models.linear_kernels` stores them for a model that
 runs fused (row-major: each output channel a dot product, four rows at a time), float32 or int8
