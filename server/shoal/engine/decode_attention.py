@@ -5,9 +5,10 @@ runs `scaled_dot_product_attention`, whose CPU kernel runs a pair of small GEMMs
 head: at batch 32 over 256 tokens of context that is 5-6 ms of a layer on one AMD EPYC core,
 ~40% of the decode step with the gathers (docs/benchmarks.md). This kernel walks each request's
 slots in the request -> token table and computes the scores, the softmax and the weighted sum
-of V in one pass per request, in parallel over requests on as many threads as torch runs
-(numba's threading layer, GNU OpenMP where the system has it: a second runtime beside torch's
-bundled copy, which starts no thread when decode runs on one, as on a 2-core host): ~2 ms
+of V, one task per request and KV head (each K/V row read once for its GQA group; the softmax on
+an exp that vectorizes, `shoal.models.numba_kernels.exp_in_place`), in parallel on as many
+threads as torch runs (numba's threading layer, GNU OpenMP where the system has it: a second
+runtime beside torch's bundled copy, which starts no thread when decode runs on one): ~2 ms
 there. It sums in another order than SDPA, as every float32 kernel of the engine may; float32
 only.
 
@@ -27,51 +28,47 @@ import torch
 import torch.nn.functional as F
 
 from shoal.models.kernel_probe import runs_and_agrees
-from shoal.models.numba_kernels import Twins
+from shoal.models.numba_kernels import Twins, exp_in_place
 
 
 def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
             rows: np.ndarray, seq_lens: np.ndarray, scale: np.float32, out: np.ndarray
             ) -> None:
     """out[r] = softmax(q[r] K^T * scale) V over the slots table[rows[r], :seq_lens[r]]; query
-    head h reads KV head h // (heads // kv_heads)."""
+    head h reads KV head h // (heads // kv_heads). One (request, KV head) a task: each K/V row
+    is read once for the query heads of its group."""
     requests, heads, dim = q.shape
-    group = heads // k_pool.shape[1]
-    for r in numba.prange(requests):
+    kv_heads = k_pool.shape[1]
+    group = heads // kv_heads
+    for task in numba.prange(requests * kv_heads):
+        r = task // kv_heads
+        kv = task % kv_heads
         row = rows[r]
         n = seq_lens[r]
-        scores = np.empty((heads, n), np.float32)
-        q_r = q[r] * scale
+        first = kv * group
+        scores = np.empty((group, n), np.float32)
         for t in range(n):
-            k_t = k_pool[table[row, t]]
-            for h in range(heads):
-                k_h = k_t[h // group]
-                q_h = q_r[h]
+            k_t = k_pool[table[row, t], kv]
+            for g in range(group):
+                q_h = q[r, first + g]
                 acc = np.float32(0.0)
                 for d in range(dim):
-                    acc += q_h[d] * k_h[d]
-                scores[h, t] = acc
-        for h in range(heads):
-            s = scores[h]
-            top = s.max()
-            total = np.float32(0.0)
-            for t in range(n):
-                e = np.exp(s[t] - top)
-                s[t] = e
-                total += e
-            inverse = np.float32(1.0) / total
-            for t in range(n):
-                s[t] *= inverse
-        out_r = out[r]
-        out_r[:] = 0.0
+                    acc += q_h[d] * k_t[d]
+                scores[g, t] = acc * scale
+        bits = np.empty(n, np.int32)
+        for g in range(group):
+            s = scores[g]
+            s -= s.max()
+            exp_in_place(s, bits)
+            s /= s.sum()
+        out[r, first:first + group] = 0.0
         for t in range(n):
-            v_t = v_pool[table[row, t]]
-            for h in range(heads):
-                p = scores[h, t]
-                v_h = v_t[h // group]
-                o_h = out_r[h]
+            v_t = v_pool[table[row, t], kv]
+            for g in range(group):
+                p = scores[g, t]
+                o_h = out[r, first + g]
                 for d in range(dim):
-                    o_h[d] += p * v_h[d]
+                    o_h[d] += p * v_t[d]
 
 
 _kernel = Twins(_attend)

@@ -37,7 +37,7 @@ from shoal.models.attention_backend import PagedDecode
 from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.layers import apply_rotary
 from shoal.models.linear_kernels import LinearKernel
-from shoal.models.numba_kernels import Twins
+from shoal.models.numba_kernels import Twins, exp_in_place
 from shoal.models.quantization import dequantize, quantize_per_channel
 
 # Decode batches of up to this many rows (the row buckets whose products run on the base thread
@@ -62,29 +62,6 @@ def _rms_norm_row(x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.nd
     scale = np.float32(1.0) / np.sqrt(total / np.float32(x.shape[0]) + eps)
     for j in range(x.shape[0]):
         out[j] = x[j] * scale * weight[j]
-
-
-@_inline
-def _exp_in_place(x: np.ndarray, bits: np.ndarray) -> None:
-    """x[i] = exp(x[i]) in float32 (within ~1e-7 relative of the exact value; below e^-87 as
-    e^-87, above e^88 as e^88), in loops that vectorize, where libm's expf is a call per element
-    (~9x slower): 2^k * exp(r) with k = round(x / ln 2), r = x - k ln 2 (in two parts) and
-    exp(r) by Cephes' polynomial; 2^k built from its bits in `bits` (as long as x)."""
-    for i in range(x.shape[0]):
-        v = min(max(x[i], np.float32(-87.0)), np.float32(88.0))
-        k = np.floor(v * np.float32(1.4426950408889634) + np.float32(0.5))
-        r = v - k * np.float32(0.693359375) - k * np.float32(-2.12194440e-4)
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        x[i] = p * r * r + r + np.float32(1.0)
-        bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
-    scale = bits.view(np.float32)
-    for i in range(x.shape[0]):
-        x[i] *= scale[i]
 
 
 @_inline
@@ -255,7 +232,7 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
         for g in range(group):
             s = scores[g]
             s -= s.max()
-            _exp_in_place(s, bits)
+            exp_in_place(s, bits)
             s /= s.sum()
         o = attn[m, first_q:first_q + group * dim]
         o[:] = 0.0
@@ -293,7 +270,7 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
         _channels(normed, gu_w, inner + j, count, gu_scale, up, j)
     for m in numba.prange(rows):
         e = -act[m]
-        _exp_in_place(e, np.empty(inner, np.int32))
+        exp_in_place(e, np.empty(inner, np.int32))
         for j in range(inner):
             act[m, j] = act[m, j] / (np.float32(1.0) + e[j]) * up[m, j]
 
