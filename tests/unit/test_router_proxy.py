@@ -301,6 +301,8 @@ def test_a_server_of_the_wrong_mode_is_never_used(start_router: Any,
     assert "given as a prefill server, but it is a decode server" in flagged[0]["problem"]
     for _ in range(3):
         assert router.post("/generate", {"text": "x"}).status_code == 200
+    wait_until(lambda: len(prefill.bodies) == 3, 5,
+               "the prefill got all three")  # sent beside the decode's, which answers the client
     assert len(prefill.bodies) == 3 and not misnamed.bodies
 
 
