@@ -59,12 +59,17 @@ def test_disconnect_frees_slots_within_a_second(default_server: RunningServer) -
         with client.stream("POST", "/generate", json={
                 "text": words(50, seed=2), "stream": True,
                 "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}) as r:
-            chunks = 0
+            chunks: list[dict] = []
             for line in r.iter_lines():
-                chunks += line.startswith("data:")
-                if chunks == 3:
+                if line.startswith("data:"):
+                    chunks.append(json.loads(line.removeprefix("data:")))
+                if len(chunks) == 3:
                     break
-            assert pool(client)["num_running_reqs"] == 1
+            running = pool(client)
+            assert running["num_running_reqs"] == 1, (
+                f"{running}\nchunks: {chunks}\nserver log:\n{default_server.log()[-4000:]}")
+            assert all("error" not in c and c["meta_info"]["finish_reason"] is None
+                       for c in chunks), chunks
         closed = time.monotonic()
         wait_until(lambda: not pool(client)["num_running_reqs"], 5, interval=0.05,
                    what="the disconnected request freed")

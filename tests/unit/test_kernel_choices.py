@@ -15,6 +15,8 @@ from shoal.models import kernel_choices, linear_kernels
 from shoal.models.layers import _Linear
 from shoal.models.linear_kernels import FLOAT_KERNELS, ROW_BUCKETS, prepare_linears
 
+ROWS = ((1,), (4,))
+
 
 @pytest.fixture
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -25,23 +27,24 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_stored_choice_is_read_back(cache_dir: Path) -> None:
-    name = kernel_choices.key(False, (96, 48), (1, 2), ("a", "b"))
+    name = kernel_choices.key(False, (96, 48), (1, 2), ("a", "b"), ROWS)
     assert kernel_choices.load(name) is None
     kernel_choices.store(name, ("col", ("a", "b", "b", "a")))
-    other = kernel_choices.key(False, (48, 96), (1, 2), ("a", "b"))
+    other = kernel_choices.key(False, (48, 96), (1, 2), ("a", "b"), ROWS)
     kernel_choices.store(other, ("row", ("b",) * 4))
     assert kernel_choices.load(name) == ("col", ("a", "b", "b", "a"))
     assert kernel_choices.load(other) == ("row", ("b",) * 4)
     assert [p.name for p in cache_dir.iterdir()] == [kernel_choices.FILE_NAME]
 
 
-def test_the_key_names_quantization_shape_threads_and_candidates() -> None:
-    base = (False, (96, 48), (1, 2), ("a", "b"))
+def test_the_key_names_quantization_shape_threads_candidates_and_timed_rows() -> None:
+    base = (False, (96, 48), (1, 2), ("a", "b"), ROWS)
     keys = {kernel_choices.key(*base), kernel_choices.key(True, *base[1:]),
             kernel_choices.key(False, (48, 96), *base[2:]),
-            kernel_choices.key(False, (96, 48), (2, 2), ("a", "b")),
-            kernel_choices.key(False, (96, 48), (1, 2), ("a",))}
-    assert len(keys) == 5
+            kernel_choices.key(False, (96, 48), (2, 2), ("a", "b"), ROWS),
+            kernel_choices.key(False, (96, 48), (1, 2), ("a",), ROWS),
+            kernel_choices.key(False, (96, 48), (1, 2), ("a", "b"), ((1,), (4, 8)))}
+    assert len(keys) == 6
     assert kernel_choices.key(*base) == kernel_choices.key(*base)
 
 

@@ -22,6 +22,7 @@ from shoal.models.linear_kernels import (
     INT8_KERNELS,
     LARGE_FORWARD_TOKENS,
     ROW_BUCKETS,
+    TIMED_ROWS,
     Kernel,
     LinearKernel,
     bucket_index,
@@ -110,7 +111,8 @@ def test_a_kernel_is_timed_only_in_its_buckets_and_a_far_slower_one_no_further()
     seconds = linear_kernels.measure(kernels, 24, 16, (1,) * len(ROW_BUCKETS))
     assert {b for name, b in seconds if name == "middle"} == {1, 2}
     assert {b for name, b in seconds if name == "slow"} == set(range(len(ROW_BUCKETS)))
-    assert calls["slow"] == 2 * len(ROW_BUCKETS)  # the untimed and the single product only
+    # the untimed and the single product at each timed row count only
+    assert calls["slow"] == 2 * sum(len(counts) for counts in TIMED_ROWS)
     assert all(seconds["slow", b] > 3 * seconds["any", b] for b in range(len(ROW_BUCKETS)))
 
 
@@ -151,6 +153,18 @@ def test_every_float_kernel_matches_f_linear(kernel: Kernel, rows: int) -> None:
     product = LinearKernel(stored, [kernel] * len(ROW_BUCKETS))
     x = torch.randn(48, rows).t()  # a non-contiguous input too
     torch.testing.assert_close(product(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not any(k.packed for k in FLOAT_KERNELS),
+                    reason="this torch build has no oneDNN weight packing")
+def test_a_packed_kernel_packs_its_weight_at_load_and_counts_the_copy() -> None:
+    packed = next(k for k in FLOAT_KERNELS if k.packed)
+    plain = next(k for k in FLOAT_KERNELS if k.name == "mkl-row")
+    stored = linear_kernels.StoredWeight(torch.randn(96, 48))
+    product = LinearKernel(stored, [plain, plain, packed, packed])
+    assert stored.packed is not None and product.packed_bytes == 96 * 48 * 4
+    assert LinearKernel(linear_kernels.StoredWeight(torch.randn(96, 48)),
+                        [plain] * len(ROW_BUCKETS)).packed_bytes == 0
 
 
 @pytest.mark.parametrize("kernel", INT8_KERNELS, ids=lambda k: k.name)

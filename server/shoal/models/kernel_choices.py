@@ -4,10 +4,10 @@ Timing every candidate for each weight shape takes a few seconds of every rank's
 (`shoal.models.linear_kernels`), and two loads of one model may choose differently within this
 host's noise. The choice depends on the host and the software, so it is kept under a key that
 names both: the CPU (model name and instruction-set flags), the logical CPU count, the versions
-of torch, numpy and numba, the candidates that ran here, the quantization, the weight shape and
-the thread counts. The file is `kernel-choices.json` in shoal's cache directory
-(`SHOAL_CACHE_DIR`); delete it to measure again. Where it cannot be read or written, every load
-measures.
+of torch, numpy and numba, the candidates that ran here, the row counts they were timed at,
+the quantization, the weight shape and the thread counts. The file is `kernel-choices.json` in
+shoal's cache directory (`SHOAL_CACHE_DIR`); delete it to measure again. Where it cannot be read
+or written, every load measures.
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ def _host() -> str:
                        numba.__version__])
 
 
-def key(quantization: bool, shape: tuple[int, int], threads: tuple[int, int],
-        candidates: tuple[str, ...]) -> str:
+def key(quantization: bool, shape: tuple[int, int], threads: tuple[int, ...],
+        candidates: tuple[str, ...], timed_rows: tuple[tuple[int, ...], ...]) -> str:
     """The entry's name for one weight shape's choice on this host."""
-    text = json.dumps([_host(), quantization, list(shape), list(threads), list(candidates)])
+    text = json.dumps([_host(), quantization, list(shape), list(threads), list(candidates),
+                       [list(rows) for rows in timed_rows]])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -6,7 +6,10 @@ streams a contiguous [in, out] matrix ~1.4x faster than `F.linear` on the row-ma
 oneDNN beats MKL on more rows, and numpy's OpenBLAS ran 4-32-row products 1.4-2x faster than
 either; on an Intel Xeon, oneDNN ran at half of MKL's speed. shoal's own numba kernels
 (`shoal.models.numba_products`, on row-major weights) are candidates at a few rows, where the
-libraries pack the weight for every product. So after
+libraries pack the weight for every product; oneDNN is also a candidate on a copy of the weight
+packed once, at load, into its blocked layout (`onednn-packed`: on one AMD EPYC 15-50% faster than
+every other kernel at 16-64 rows, for a second copy of each weight it is chosen for, logged at
+load). So after
 loading, `prepare_linears` times every candidate (layout x kernel) for each distinct weight shape
 at a few row counts (`ROW_BUCKETS`, each at the thread count it will run with; the candidates in
 turns, best of three passes), keeps the layout
@@ -54,10 +57,14 @@ from shoal.models.quantization import dequantize, quantize_per_channel
 
 logger = logging.getLogger(__name__)
 
-# Products are timed at these row counts; a product of m rows uses the choice of the bucket
-# whose range holds m: 1 | 2-11 | 12-255 | 256+. A forward of LARGE_FORWARD_TOKENS tokens or
+# A product of m rows uses the choice of the bucket whose range holds m: 1 | 2-11 | 12-255 |
+# 256+, each named by a row count of its range (ROW_BUCKETS) and timed at TIMED_ROWS, in
+# seconds per row summed over them: 12-255 spans the decode batches from 16 to 64 streams, where
+# the fastest kernel changes (numba's blocking of three rows led at 48 rows and fell 40% behind
+# oneDNN's packed weight at 64 on one AMD EPYC). A forward of LARGE_FORWARD_TOKENS tokens or
 # more runs on every core (`shoal.engine.threads`), so the last two buckets are timed there.
 ROW_BUCKETS = (1, 4, 32, 256)
+TIMED_ROWS = ((1,), (4,), (16, 32, 64), (256,))
 _BUCKET_STARTS = (1, 2, 12, 256)
 LARGE_FORWARD_TOKENS = _BUCKET_STARTS[2]
 # Candidates are timed on random weights of the same shape and layout, at most this many output
@@ -69,6 +76,10 @@ _MAX_COPIES = 256
 _MEMORY_BOUND_ROWS = 8
 _REPEATS = 3
 _GIVE_UP_RATIO = 3.0
+
+# oneDNN blocks a packed weight for products of about this many rows (any count computes; 32
+# ran 12-1024-row products within a few percent of the best blocking for each)
+_PACKED_FOR_ROWS = 32
 
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
@@ -84,6 +95,7 @@ class StoredWeight:
     scale: torch.Tensor | None = None
     scale_bf16: torch.Tensor | None = None
     arrays: tuple[np.ndarray, np.ndarray] | None = None  # int8: weight and scale as numpy views
+    packed: torch.Tensor | None = None  # see `pack`
 
     @classmethod
     def int8(cls, qweight: torch.Tensor, scale: torch.Tensor) -> StoredWeight:
@@ -93,6 +105,13 @@ class StoredWeight:
     def transposed(self) -> np.ndarray:
         """The float weight's [in, out] transpose as a numpy view (numpy's products)."""
         return self.weight.t().numpy()
+
+    def pack(self) -> torch.Tensor:
+        """The row-major float weight reordered into oneDNN's blocked layout: a copy, made on the
+        first call (`LinearKernel` makes it at load for a kernel that reads it)."""
+        if self.packed is None:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _PACKED_FOR_ROWS)
+        return self.packed
 
     @functools.cached_property
     def float_arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +128,10 @@ def _mkl(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
 
 def _onednn(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w.weight, None, "none", [], "")
+
+
+def _onednn_packed(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w.pack(), None, "none", [], "")
 
 
 def _numpy(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
@@ -154,6 +177,7 @@ class Kernel:
     layout: str  # "row" | "col" (float) or "int8"
     product: Product
     one_thread: bool = False  # runs on one thread whatever torch's count: timed only there
+    packed: bool = False  # reads `StoredWeight.pack()`
     buckets: tuple[int, ...] = tuple(range(len(ROW_BUCKETS)))  # where it is a candidate
 
 
@@ -163,9 +187,12 @@ class Kernel:
 _FEW_ROWS = (0, 1, 2)
 _SEVERAL_ROWS = (1, 2)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_ONEDNN_PACKED = _ONEDNN and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
                  *([Kernel("onednn-row", "row", _onednn), Kernel("onednn-col", "col", _onednn)]
                    if _ONEDNN else []),
+                 *([Kernel("onednn-packed", "row", _onednn_packed, packed=True)]
+                   if _ONEDNN_PACKED else []),
                  Kernel("numpy-row", "row", _numpy, one_thread=True),
                  Kernel("numpy-col", "col", _numpy, one_thread=True),
                  Kernel("numba-pairs", "row", _float_by_pairs, buckets=_FEW_ROWS),
@@ -194,6 +221,13 @@ class LinearKernel:
         self.stored = stored
         self.kernels = kernels
         self._products = [k.product for k in kernels]
+        if any(k.packed for k in kernels):
+            stored.pack()  # now, at load, not in the first batch of many rows
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the packed copy its kernels read besides the stored weight (0: none)."""
+        return self.stored.weight.numel() * 4 if any(k.packed for k in self.kernels) else 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] -> [rows, out] float, as `F.linear(x, weight)`."""
@@ -280,8 +314,9 @@ def bucket_threads(threads: tuple[int, int]) -> tuple[int, ...]:
 
 def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int, ...]
             ) -> dict[tuple[str, int], float]:
-    """Seconds per product of each kernel at each of its row buckets for an [out, in] weight;
-    bucket b at `threads[b]` torch threads (`bucket_threads`). A `one_thread` kernel is timed
+    """Seconds per product row of each kernel at each of its row buckets for an [out, in]
+    weight, summed over the bucket's `TIMED_ROWS`; bucket b at `threads[b]` torch threads
+    (`bucket_threads`). A `one_thread` kernel is timed
     only in buckets that run on one thread. Each kernel's time is
     its best of `_REPEATS` passes, taken in turns (a noisy moment of the host falls on every
     kernel alike); a kernel whose single product is `_GIVE_UP_RATIO` times the fastest one's is
@@ -292,20 +327,22 @@ def measure(kernels: tuple[Kernel, ...], out: int, inp: int, threads: tuple[int,
     previous = torch.get_num_threads()
     seconds: dict[tuple[str, int], float] = {}
     try:
-        for b, rows in enumerate(ROW_BUCKETS):
+        for b, counts in enumerate(TIMED_ROWS):
             count = threads[b]
             torch.set_num_threads(count)
-            x = torch.randn(rows, inp)
+            xs = [torch.randn(rows, inp) for rows in counts]
             timed = [k for k in kernels
                      if b in k.buckets and not (k.one_thread and count > 1)]
-            best = {k.name: _single(k, streamed[k.name][0], x) for k in timed}
+            best = {k.name: sum(_single(k, streamed[k.name][0], x) / len(x) for x in xs)
+                    for k in timed}
             fastest = min(best.values(), default=math.inf)
             contenders = [k for k in timed if best[k.name] <= _GIVE_UP_RATIO * fastest]
             for _ in range(_REPEATS):
                 for kernel in contenders:
                     weights = streamed[kernel.name]
-                    best[kernel.name] = min(best[kernel.name], _pass(
-                        kernel, weights if rows <= _MEMORY_BOUND_ROWS else weights[:1], x))
+                    best[kernel.name] = min(best[kernel.name], sum(_pass(
+                        kernel, weights if len(x) <= _MEMORY_BOUND_ROWS else weights[:1], x
+                    ) / len(x) for x in xs))
             seconds.update({(name, b): t for name, t in best.items()})
     finally:
         torch.set_num_threads(previous)
@@ -372,6 +409,9 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
     linear_kernels = {id(p): LinearKernel(stored[id(p)], [by_name[name] for name in
                                                           choices[tuple(p.shape)].kernels])
                       for p in params}
+    packed = sum(k.packed_bytes for k in linear_kernels.values())
+    if packed:
+        logger.info("oneDNN's packed copies of the weights: %.0f MiB", packed / 2**20)
     for module in owners:
         module.linear_kernel = linear_kernels[id(module.weight)]
     return choices
@@ -391,7 +431,7 @@ def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int,
     kernels = tuple(k for k in _usable_kernels(quantize)
                     if not row_major or k.layout in ("row", "int8"))
     names = tuple(k.name for k in kernels)
-    kept_as = kernel_choices.key(quantize, shape, threads, names)
+    kept_as = kernel_choices.key(quantize, shape, threads, names, TIMED_ROWS)
     kept = _kept_choice(kernel_choices.load(kept_as), kernels)
     if kept is not None:
         choice, how = kept, "kept from an earlier load"
