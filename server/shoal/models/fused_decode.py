@@ -38,6 +38,7 @@ from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.layers import apply_rotary
 from shoal.models.linear_kernels import LinearKernel
 from shoal.models.numba_kernels import Twins, exp_in_place
+from shoal.models.numba_products import four_by_three
 from shoal.models.quantization import dequantize, quantize_per_channel
 
 # Decode batches of up to this many rows (the row buckets whose products run on the base thread
@@ -100,57 +101,14 @@ def _channel(x: np.ndarray, w: np.ndarray, n: int, scale: np.float32, out: np.nd
 def _channels(x: np.ndarray, w: np.ndarray, n: int, count: int, scale: np.ndarray,
               out: np.ndarray, col: int) -> None:
     """out[:, col + c] = (x . w[n + c]) * scale[n + c] for c < count (at most `_GROUP`): with a
-    full group and several rows, four channels and three rows at a time (twelve sums: each
-    weight load feeds three, each activation load four; a step of many rows is bound by its
-    multiply-adds), the rows left over and a lone row a channel at a time."""
-    rows, depth = x.shape
+    full group and several rows, four channels and three rows at a time
+    (`numba_products.four_by_three`; a step of many rows is bound by its multiply-adds), the
+    rows left over and a lone row a channel at a time."""
+    rows = x.shape[0]
     m = 0
     if count == _GROUP:
         while m + 3 <= rows:
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            b0 = np.float32(0.0)
-            b1 = np.float32(0.0)
-            b2 = np.float32(0.0)
-            c0 = np.float32(0.0)
-            c1 = np.float32(0.0)
-            c2 = np.float32(0.0)
-            d0 = np.float32(0.0)
-            d1 = np.float32(0.0)
-            d2 = np.float32(0.0)
-            for k in range(depth):
-                u0 = np.float32(w[n, k])
-                u1 = np.float32(w[n + 1, k])
-                u2 = np.float32(w[n + 2, k])
-                u3 = np.float32(w[n + 3, k])
-                x0 = x[m, k]
-                x1 = x[m + 1, k]
-                x2 = x[m + 2, k]
-                a0 += x0 * u0
-                a1 += x1 * u0
-                a2 += x2 * u0
-                b0 += x0 * u1
-                b1 += x1 * u1
-                b2 += x2 * u1
-                c0 += x0 * u2
-                c1 += x1 * u2
-                c2 += x2 * u2
-                d0 += x0 * u3
-                d1 += x1 * u3
-                d2 += x2 * u3
-            out[m, col] = a0 * scale[n]
-            out[m + 1, col] = a1 * scale[n]
-            out[m + 2, col] = a2 * scale[n]
-            out[m, col + 1] = b0 * scale[n + 1]
-            out[m + 1, col + 1] = b1 * scale[n + 1]
-            out[m + 2, col + 1] = b2 * scale[n + 1]
-            out[m, col + 2] = c0 * scale[n + 2]
-            out[m + 1, col + 2] = c1 * scale[n + 2]
-            out[m + 2, col + 2] = c2 * scale[n + 2]
-            out[m, col + 3] = d0 * scale[n + 3]
-            out[m + 1, col + 3] = d1 * scale[n + 3]
-            out[m + 2, col + 3] = d2 * scale[n + 3]
+            four_by_three(x, w, n, m, scale, out, col)
             m += 3
     for c in range(count):
         _channel(x, w, n + c, scale[n + c], out, col + c, m)

@@ -112,6 +112,59 @@ def _by_pairs(x: np.ndarray, w: np.ndarray, scale: np.ndarray, out: np.ndarray) 
                 out[r, c] = a0 * scale[c]
 
 
+@numba.njit(inline="always")
+def four_by_three(x: np.ndarray, w: np.ndarray, n: int, m: int, scale: np.ndarray,
+                  out: np.ndarray, col: int) -> None:
+    """out[m + r, col + c] = (x[m + r] . w[n + c]) * scale[n + c] for r < 3 and c < 4: twelve
+    sums, each weight load feeding three and each activation load four (inlined, numba IR, into
+    the kernels that block by it: `by_quads` and the fused decode's products)."""
+    depth = x.shape[1]
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    b0 = np.float32(0.0)
+    b1 = np.float32(0.0)
+    b2 = np.float32(0.0)
+    c0 = np.float32(0.0)
+    c1 = np.float32(0.0)
+    c2 = np.float32(0.0)
+    d0 = np.float32(0.0)
+    d1 = np.float32(0.0)
+    d2 = np.float32(0.0)
+    for k in range(depth):
+        u0 = np.float32(w[n, k])
+        u1 = np.float32(w[n + 1, k])
+        u2 = np.float32(w[n + 2, k])
+        u3 = np.float32(w[n + 3, k])
+        x0 = x[m, k]
+        x1 = x[m + 1, k]
+        x2 = x[m + 2, k]
+        a0 += x0 * u0
+        a1 += x1 * u0
+        a2 += x2 * u0
+        b0 += x0 * u1
+        b1 += x1 * u1
+        b2 += x2 * u1
+        c0 += x0 * u2
+        c1 += x1 * u2
+        c2 += x2 * u2
+        d0 += x0 * u3
+        d1 += x1 * u3
+        d2 += x2 * u3
+    out[m, col] = a0 * scale[n]
+    out[m + 1, col] = a1 * scale[n]
+    out[m + 2, col] = a2 * scale[n]
+    out[m, col + 1] = b0 * scale[n + 1]
+    out[m + 1, col + 1] = b1 * scale[n + 1]
+    out[m + 2, col + 1] = b2 * scale[n + 1]
+    out[m, col + 2] = c0 * scale[n + 2]
+    out[m + 1, col + 2] = c1 * scale[n + 2]
+    out[m + 2, col + 2] = c2 * scale[n + 2]
+    out[m, col + 3] = d0 * scale[n + 3]
+    out[m + 1, col + 3] = d1 * scale[n + 3]
+    out[m + 2, col + 3] = d2 * scale[n + 3]
+
+
 def _by_quads(x: np.ndarray, w: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
     """As `_by_rows`, four channels and three rows at a time (twelve sums: each weight load feeds
     three, each activation load four); a last row or two with four channels at a time, the last
@@ -130,50 +183,7 @@ def _by_quads(x: np.ndarray, w: np.ndarray, scale: np.ndarray, out: np.ndarray) 
         else:
             m = 0
             while m + 3 <= rows:
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                b0 = np.float32(0.0)
-                b1 = np.float32(0.0)
-                b2 = np.float32(0.0)
-                c0 = np.float32(0.0)
-                c1 = np.float32(0.0)
-                c2 = np.float32(0.0)
-                d0 = np.float32(0.0)
-                d1 = np.float32(0.0)
-                d2 = np.float32(0.0)
-                for k in range(depth):
-                    u0 = np.float32(w[n, k])
-                    u1 = np.float32(w[n + 1, k])
-                    u2 = np.float32(w[n + 2, k])
-                    u3 = np.float32(w[n + 3, k])
-                    x0 = x[m, k]
-                    x1 = x[m + 1, k]
-                    x2 = x[m + 2, k]
-                    a0 += x0 * u0
-                    a1 += x1 * u0
-                    a2 += x2 * u0
-                    b0 += x0 * u1
-                    b1 += x1 * u1
-                    b2 += x2 * u1
-                    c0 += x0 * u2
-                    c1 += x1 * u2
-                    c2 += x2 * u2
-                    d0 += x0 * u3
-                    d1 += x1 * u3
-                    d2 += x2 * u3
-                out[m, n] = a0 * scale[n]
-                out[m + 1, n] = a1 * scale[n]
-                out[m + 2, n] = a2 * scale[n]
-                out[m, n + 1] = b0 * scale[n + 1]
-                out[m + 1, n + 1] = b1 * scale[n + 1]
-                out[m + 2, n + 1] = b2 * scale[n + 1]
-                out[m, n + 2] = c0 * scale[n + 2]
-                out[m + 1, n + 2] = c1 * scale[n + 2]
-                out[m + 2, n + 2] = c2 * scale[n + 2]
-                out[m, n + 3] = d0 * scale[n + 3]
-                out[m + 1, n + 3] = d1 * scale[n + 3]
-                out[m + 2, n + 3] = d2 * scale[n + 3]
+                four_by_three(x, w, n, m, scale, out, n)
                 m += 3
             while m < rows:
                 a0 = np.float32(0.0)
