@@ -5,8 +5,9 @@ runs `scaled_dot_product_attention`, whose CPU kernel runs a pair of small GEMMs
 head: at batch 32 over 256 tokens of context that is 5-6 ms of a layer on one AMD EPYC core,
 ~40% of the decode step with the gathers (docs/benchmarks.md). This kernel walks each request's
 slots in the request -> token table and computes the scores, the softmax and the weighted sum
-of V, one task per request and KV head (each K/V row read once for its GQA group; the softmax on
-an exp that vectorizes, `shoal.models.numba_kernels.exp_in_place`), in parallel on as many
+of V, one task per request and KV head (each K/V row read once for its GQA group, and asked of
+memory a few slots ahead, `shoal.models.numba_kernels.prefetch_row`; the softmax on an exp that
+vectorizes, `shoal.models.numba_kernels.exp_in_place`), in parallel on as many
 threads as torch runs (numba's threading layer, GNU OpenMP where the system has it: a second
 runtime beside torch's bundled copy, which starts no thread when decode runs on one): ~2 ms
 there. It sums in another order than SDPA, as every float32 kernel of the engine may; float32
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.models.kernel_probe import runs_and_agrees
-from shoal.models.numba_kernels import Twins, exp_in_place
+from shoal.models.numba_kernels import PREFETCH_AHEAD, Twins, exp_in_place, prefetch_row
 
 
 def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
@@ -48,6 +49,8 @@ def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.nda
         first = kv * group
         scores = np.empty((group, n), np.float32)
         for t in range(n):
+            if t + PREFETCH_AHEAD < n:
+                prefetch_row(k_pool, table[row, t + PREFETCH_AHEAD], kv)
             k_t = k_pool[table[row, t], kv]
             for g in range(group):
                 q_h = q[r, first + g]
@@ -63,6 +66,8 @@ def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.nda
             s /= s.sum()
         out[r, first:first + group] = 0.0
         for t in range(n):
+            if t + PREFETCH_AHEAD < n:
+                prefetch_row(v_pool, table[row, t + PREFETCH_AHEAD], kv)
             v_t = v_pool[table[row, t], kv]
             for g in range(group):
                 p = scores[g, t]

@@ -12,7 +12,10 @@ OpenMP hangs in a child forked from a process whose pool has run, so whatever ru
 probe child (`shoal.models.kernel_probe`, one thread there) runs the serial build.
 
 `exp_in_place` is an exp the kernels' loops vectorize (numba from PyPI has no vector math
-library).
+library). `prefetch_row` asks the CPU for a KV pool row ahead of its use: decode attention walks
+each request's slots, which lie wherever the allocator put them (a decode step takes one slot per
+request, so a request's later tokens are a batch's worth of rows apart), and a row's load waits
+on memory unless it was asked for earlier.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from typing import Any
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba.core import cgutils
+from numba.core import types as numba_types
+from numba.extending import intrinsic
 
 logger = logging.getLogger(__name__)
 
@@ -93,3 +100,42 @@ def exp_in_place(x: np.ndarray, bits: np.ndarray) -> None:
     scale = bits.view(np.float32)
     for i in range(x.shape[0]):
         x[i] *= scale[i]
+
+
+# How many slots ahead of the one it reads decode attention asks for a K (or V) row: at 16
+# requests over ~190 slots each, laid out as serving lays them, 3 ahead hid too little of the
+# wait, 8 and 12 alike most of it (docs/benchmarks.md).
+PREFETCH_AHEAD = 8
+# Floats of a 64-byte cache line.
+_LINE_FLOATS = 16
+
+
+@intrinsic
+def _prefetch(typingctx: Any, array: numba_types.Type, index: numba_types.Type) -> Any:
+    """llvm.prefetch (read, keep in every cache level) of the line holding array.flat[index] of
+    a C-contiguous array; a hint that never faults, whatever the address."""
+    if not isinstance(array, numba_types.Array) or not isinstance(index, numba_types.Integer):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        byte_ptr = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        address = builder.bitcast(builder.gep(data, [args[1]]), byte_ptr)
+        builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 3),
+                            ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return numba_types.void(array, index), codegen
+
+
+@numba.njit(inline="always")
+def prefetch_row(pool: np.ndarray, slot: int, head: int) -> None:
+    """Ask for the cache lines of pool[slot, head] (a C-contiguous float32 [slots, heads, dim]
+    KV buffer) ahead of reading them."""
+    base = (slot * pool.shape[1] + head) * pool.shape[2]
+    for offset in range(0, pool.shape[2], _LINE_FLOATS):
+        _prefetch(pool, base + offset)
