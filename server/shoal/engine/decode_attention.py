@@ -6,7 +6,7 @@ head: at batch 32 over 256 tokens of context that is 5-6 ms of a layer on one AM
 ~40% of the decode step with the gathers (docs/benchmarks.md). This kernel walks each request's
 slots in the request -> token table and computes the scores, the softmax and the weighted sum
 of V, one task per request and KV head (each K/V row read once for its GQA group, and asked of
-memory a few slots ahead, `shoal.models.numba_kernels.prefetch_row`; the softmax on an exp that
+memory a few slots ahead, `shoal.models.numba_kernels.prefetch_ahead`; the softmax on an exp that
 vectorizes, `shoal.models.numba_kernels.exp_in_place`), in parallel on as many
 threads as torch runs (numba's threading layer, GNU OpenMP where the system has it: a second
 runtime beside torch's bundled copy, which starts no thread when decode runs on one): ~2 ms
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.models.kernel_probe import runs_and_agrees
-from shoal.models.numba_kernels import PREFETCH_AHEAD, Twins, exp_in_place, prefetch_row
+from shoal.models.numba_kernels import Twins, exp_in_place, prefetch_ahead
 
 
 def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
@@ -44,14 +44,13 @@ def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.nda
     for task in numba.prange(requests * kv_heads):
         r = task // kv_heads
         kv = task % kv_heads
-        row = rows[r]
+        slots = table[rows[r]]
         n = seq_lens[r]
         first = kv * group
         scores = np.empty((group, n), np.float32)
         for t in range(n):
-            if t + PREFETCH_AHEAD < n:
-                prefetch_row(k_pool, table[row, t + PREFETCH_AHEAD], kv)
-            k_t = k_pool[table[row, t], kv]
+            prefetch_ahead(k_pool, slots, t, n, kv)
+            k_t = k_pool[slots[t], kv]
             for g in range(group):
                 q_h = q[r, first + g]
                 acc = np.float32(0.0)
@@ -66,9 +65,8 @@ def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.nda
             s /= s.sum()
         out[r, first:first + group] = 0.0
         for t in range(n):
-            if t + PREFETCH_AHEAD < n:
-                prefetch_row(v_pool, table[row, t + PREFETCH_AHEAD], kv)
-            v_t = v_pool[table[row, t], kv]
+            prefetch_ahead(v_pool, slots, t, n, kv)
+            v_t = v_pool[slots[t], kv]
             for g in range(group):
                 p = scores[g, t]
                 o_h = out[r, first + g]

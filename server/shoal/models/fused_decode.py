@@ -37,7 +37,7 @@ from shoal.models.attention_backend import PagedDecode
 from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.layers import apply_rotary
 from shoal.models.linear_kernels import LinearKernel
-from shoal.models.numba_kernels import PREFETCH_AHEAD, Twins, exp_in_place, prefetch_row
+from shoal.models.numba_kernels import Twins, exp_in_place, prefetch_ahead
 from shoal.models.numba_products import four_by_three
 from shoal.models.quantization import dequantize, quantize_per_channel
 
@@ -179,8 +179,7 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
         first_q = kv * group * dim
         scores = np.empty((group, n), np.float32)
         for t in range(n):
-            if t + PREFETCH_AHEAD < n:
-                prefetch_row(k_pool, slots[t + PREFETCH_AHEAD], kv)
+            prefetch_ahead(k_pool, slots, t, n, kv)
             k_t = k_pool[slots[t], kv]
             for g in range(group):
                 start = first_q + g * dim
@@ -197,8 +196,7 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
         o = attn[m, first_q:first_q + group * dim]
         o[:] = 0.0
         for t in range(n):
-            if t + PREFETCH_AHEAD < n:
-                prefetch_row(v_pool, slots[t + PREFETCH_AHEAD], kv)
+            prefetch_ahead(v_pool, slots, t, n, kv)
             v_t = v_pool[slots[t], kv]
             for g in range(group):
                 p = scores[g, t]

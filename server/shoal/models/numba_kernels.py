@@ -12,7 +12,7 @@ OpenMP hangs in a child forked from a process whose pool has run, so whatever ru
 probe child (`shoal.models.kernel_probe`, one thread there) runs the serial build.
 
 `exp_in_place` is an exp the kernels' loops vectorize (numba from PyPI has no vector math
-library). `prefetch_row` asks the CPU for a KV pool row ahead of its use: decode attention walks
+library). `prefetch_ahead` asks the CPU for a KV pool row ahead of its use: decode attention walks
 each request's slots, which lie wherever the allocator put them (a decode step takes one slot per
 request, so a request's later tokens are a batch's worth of rows apart), and a row's load waits
 on memory unless it was asked for earlier.
@@ -133,9 +133,10 @@ def _prefetch(typingctx: Any, array: numba_types.Type, index: numba_types.Type) 
 
 
 @numba.njit(inline="always")
-def prefetch_row(pool: np.ndarray, slot: int, head: int) -> None:
-    """Ask for the cache lines of pool[slot, head] (a C-contiguous float32 [slots, heads, dim]
-    KV buffer) ahead of reading them."""
-    base = (slot * pool.shape[1] + head) * pool.shape[2]
-    for offset in range(0, pool.shape[2], _LINE_FLOATS):
-        _prefetch(pool, base + offset)
+def prefetch_ahead(pool: np.ndarray, slots: np.ndarray, t: int, n: int, head: int) -> None:
+    """While reading pool[slots[t], head] of the first `n` slots, ask for the cache lines of the
+    row `PREFETCH_AHEAD` slots on (pool: a C-contiguous float32 [slots, heads, dim] KV buffer)."""
+    if t + PREFETCH_AHEAD < n:
+        base = (slots[t + PREFETCH_AHEAD] * pool.shape[1] + head) * pool.shape[2]
+        for offset in range(0, pool.shape[2], _LINE_FLOATS):
+            _prefetch(pool, base + offset)
