@@ -59,11 +59,10 @@ def results(tps: dict[tuple[str, tuple[int, int], int], float] | None = None,
     res = SuiteResults()
     for (system, shape, c), v in values.items():
         ms = ttft.get(system, 500.0) if c == 32 and shape == MAIN else 100.0
-        res.serving[(system, shape, c)] = run(
-            f"{system.replace(' ', '-')}-{shape[0]}x{shape[1]}-c{c}", serving(v, ttft_ms=ms))
+        res.serving[(system, shape, c)] = [run(
+            f"{system.replace(' ', '-')}-{shape[0]}x{shape[1]}-c{c}", serving(v, ttft_ms=ms))]
     res.forward = {1: [run("fwd-b1", {"result": {"tokens_per_s": 45.0}})],
-                   32: [run("fwd-b32-before", {"result": {"tokens_per_s": 320.0}}),
-                        run("fwd-b32-after", {"result": {"tokens_per_s": 340.0}})]}
+                   32: [run("fwd-b32", {"result": {"tokens_per_s": 330.0}})]}
     res.generate = [run("gen-t1", {"tokens_per_s": gen, "decode_tokens_per_s": gen + 1,
                                    "num_threads": 1}),
                     run("gen-t2", {"tokens_per_s": gen / 2, "decode_tokens_per_s": gen,
@@ -107,11 +106,48 @@ def test_targets_fail_where_the_issue_draws_the_line() -> None:
 
 def test_a_failed_run_makes_its_criterion_unavailable_and_the_clean_check_fail() -> None:
     res = results()
-    res.serving[(LLAMA_Q8, MAIN, 32)] = run("q8-c32", None, code=1)
+    res.serving[(LLAMA_Q8, MAIN, 32)] = [run("q8-c32", None, code=1)]
     crit = by_name(CFG, res)
     assert crit["2. concurrency 32: shoal w8a16 / llama.cpp Q8_0"] == (None, "n/a")
     name = "`shoal bench serving` ran unmodified against every server, no failed request"
     assert crit[name] == (0.0, "FAIL")
+
+
+def test_rounds_compare_runs_seconds_apart_and_tables_show_the_median_round(
+        tmp_path: Path) -> None:
+    """The host drifts between rounds: each round's ratio pairs the runs measured together, and
+    the criterion is their median, not the ratio of each side's median."""
+    res = results()
+    res.serving[(SHOAL, MAIN, 1)] = [run(f"shoal-r{i}", serving(v, ttft_ms=100.0 + i))
+                                     for i, v in enumerate((30.0, 40.0, 50.0))]
+    res.serving[(LLAMA_F32, MAIN, 1)] = [run(f"llama-r{i}", serving(v))
+                                         for i, v in enumerate((33.0, 38.0, 60.0))]
+    res.serving[(SHOAL_INT8, MAIN, 1)] = [run("int8-r0", serving(80.0)),
+                                          run("int8-r1", None, code=1),
+                                          run("int8-r2", serving(90.0))]
+    res.forward[32] = [run(f"fwd-r{i}", {"result": {"tokens_per_s": v}})
+                       for i, v in enumerate((300.0, 400.0, 500.0))]
+    res.serving[(SHOAL, MAIN, 32)] = [run(f"s32-r{i}", serving(v))
+                                      for i, v in enumerate((270.0, 280.0, 390.0))]
+    crit = {c.name: c for c in acceptance(CFG, res)}
+    vs_llama = crit["1. same weights, concurrency 1: shoal float32 / llama.cpp F32 output tok/s"]
+    assert vs_llama.ratio == pytest.approx(30 / 33)  # rounds 0.91, 1.05, 0.83; medians 40 / 38
+    assert vs_llama.measured == "40.0 / 38.0 tok/s; rounds 0.91 1.05 0.83"
+    # the failed int8 round drops out of its pairs (80 / 30, 90 / 50), not the others
+    int8 = crit["2. concurrency 1: shoal w8a16 / shoal float32"]
+    assert int8.ratio == pytest.approx((80 / 30 + 90 / 50) / 2)
+    ceiling = crit["4. shoal at concurrency 32 / bare forward at batch 32"]
+    assert ceiling.ratio == pytest.approx(0.78) and ceiling.verdict == "FAIL"  # .9 .7 .78
+    # transformers ran once: shoal's median round against it
+    assert crit["4. 64 in / 128 out, concurrency 32: shoal / transformers serve CB"].ratio \
+        == pytest.approx(280 / 100)
+    md = tmp_path / "benchmarks.md"
+    write_report(CFG, res, {"cpu": "x"}, 60.0, md, tmp_path / "plot.png")
+    text = md.read_text()
+    assert "| shoal | 64 / 128 | 1 | 101.0 |" in text  # the latencies of the median round
+    assert "| 1 | 40.0 | 80.0 | 38.0 | 60.0 | 10.0 | 45.0 | 0.91 |" in text
+    assert "| 32 | 280.0 | 400.0 | 180.0 | 250.0 | 100.0 | 400.0 | 1.56 | 1.60 | 2.80 | 0.78 |" \
+        in text
 
 
 def test_skipped_peers_drop_their_criteria() -> None:
@@ -134,8 +170,10 @@ def test_workloads_seeds_and_shapes() -> None:
     assert cfg.workloads((1, 32)) == [((64, 128), 1), ((64, 128), 32), ((150, 64), 32),
                                       ((512, 32), 32)]
     assert cfg.workloads((1, 16)) == [((64, 128), 1), ((64, 128), 16)]
-    seeds = {cfg.seed_for(s, c) for s, c in cfg.workloads(cfg.concurrencies)}
-    assert len(seeds) == len(cfg.workloads(cfg.concurrencies))  # no two runs share prompts
+    seeds = {cfg.seed_for(s, c, r) for s, c in cfg.workloads(cfg.concurrencies)
+             for r in range(cfg.rounds)}
+    # no two runs share prompts, rounds included
+    assert len(seeds) == len(cfg.workloads(cfg.concurrencies)) * cfg.rounds
     args = random_args(cfg, (512, 32), 32)
     assert args[args.index("--input-len") + 1] == "512"
     assert args[args.index("--max-concurrency") + 1] == "32"
@@ -211,6 +249,9 @@ def test_quick_and_override_flags() -> None:
     assert cfg.concurrencies == (1, 8) and cfg.output_len == 9 and not cfg.quick
     assert cfg.skip_llama_cpp and cfg.llama_cpp_threads == 1
     assert cfg.ratio_concurrency == 8  # 32 not run: the ratios use the highest concurrency
+    assert cfg.rounds == 3 and config_from_args(_parser().parse_args(["--rounds", "5"])).rounds == 5
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--rounds", "0"])
 
 
 class FakeServer(Server):
@@ -253,17 +294,22 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     FakeServer.started, FakeServer.dies = [], {TRANSFORMERS}
     cfg = SuiteConfig(concurrencies=(1, 4, 32), extra_shapes=((150, 64),),
                       int8_concurrencies=(1,), shared_shapes=((256, 16),), llama_cpp_threads=1,
-                      llama_cpp_thread_trials=(2,))
+                      llama_cpp_thread_trials=(2,), rounds=2)
     phases: list[int] = []
     res = suite.Suite(cfg, tmp_path, Path("bin"),
                       lambda r: phases.append(len(r.serving))).run()
+    rounds = [f"-r{r}" for r in (1, 2)]
     assert calls == [
-        "shoal-64x128-c1", "forward-b1-after", "llama-cpp-F32-64x128-c1",
-        "shoal-w8a16-64x128-c1", "llama-cpp-Q8-0-64x128-c1", "transformers-serve-CB-64x128-c1",
-        "forward-b32-before", "shoal-64x128-c32", "forward-b32-after", "shoal-150x64-c32",
-        "llama-cpp-F32-64x128-c32", "llama-cpp-F32-150x64-c32",
+        *(name + r for r in rounds for name in (
+            "shoal-64x128-c1", "forward-b1", "llama-cpp-F32-64x128-c1", "shoal-w8a16-64x128-c1",
+            "llama-cpp-Q8-0-64x128-c1")),
+        "transformers-serve-CB-64x128-c1",
+        *(name + r for r in rounds for name in (
+            "shoal-64x128-c32", "forward-b32", "llama-cpp-F32-64x128-c32")),
+        "shoal-150x64-c32", "llama-cpp-F32-150x64-c32",
         "transformers-serve-CB-64x128-c32", "transformers-serve-CB-150x64-c32",
-        "shoal-64x128-c4", "forward-b4-after", "llama-cpp-F32-64x128-c4",
+        *(name + r for r in rounds for name in (
+            "shoal-64x128-c4", "forward-b4", "llama-cpp-F32-64x128-c4")),
         "transformers-serve-CB-64x128-c4",
         "shoal-shared-prefix-256+16", "shoal-shared-prefix-256+16-no-radix",
         "llama-cpp-F32-64x128-c1-t2", "llama-cpp-F32-64x128-c32-t2"]

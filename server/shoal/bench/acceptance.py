@@ -1,8 +1,15 @@
 """The acceptance ratios of a `make bench` run (issue 12's, and the earlier ones the suite keeps
-checking), as pure functions of the collected results."""
+checking), as pure functions of the collected results.
+
+A ratio of two systems measured in rounds (`SuiteConfig.rounds`) is the median of the rounds'
+ratios, each of two runs seconds apart; against a system measured once, the ratio of the median
+run to that run.
+"""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +22,8 @@ from shoal.bench.suite_runs import (
     Run,
     SuiteConfig,
     SuiteResults,
+    median_run,
+    output_throughput,
 )
 
 VS_LLAMA_SINGLE = 1.0          # shoal / llama.cpp F32 at concurrency 1
@@ -29,8 +38,7 @@ RADIX_TTFT = 4.0
 
 
 def out_tps(run: Run | None) -> float | None:
-    r = None if run is None else run.result
-    return None if r is None else float(r["output_throughput"])
+    return None if run is None else output_throughput(run)
 
 
 def ttft_ms(run: Run | None) -> float | None:
@@ -38,11 +46,38 @@ def ttft_ms(run: Run | None) -> float | None:
     return None if r is None else float(r["ttft_ms"]["mean"])
 
 
+def run_fwd_tps(run: Run | None) -> float | None:
+    r = None if run is None else run.result
+    return None if r is None else float(r["tokens_per_s"])
+
+
 def fwd_tps(runs: list[Run] | None) -> float | None:
-    """The ceiling: mean tokens/s of the bare-forward runs around a serving run."""
-    values = [float(r["tokens_per_s"]) for r in (run.result for run in runs or [])
-              if r is not None]
-    return sum(values) / len(values) if values else None
+    """The ceiling: the median tokens/s of the bare-forward runs at one batch size."""
+    values = [v for v in map(run_fwd_tps, runs or []) if v is not None]
+    return statistics.median(values) if values else None
+
+
+Value = Callable[[Run], float | None]
+
+
+def round_ratios(a: list[Run], b: list[Run], value_a: Value, value_b: Value | None = None
+                 ) -> list[float]:
+    """value_a(a[i]) / value_b(b[i]) for each round i both ran cleanly; where the two were not
+    measured the same number of times, the one ratio of their median runs."""
+    value_b = value_b or value_a
+    if len(a) != len(b):
+        a = [r for r in (median_run(a, value_a),) if r is not None]
+        b = [r for r in (median_run(b, value_b),) if r is not None]
+    pairs = ((value_a(x), value_b(y)) for x, y in zip(a, b))
+    return [x / y for x, y in pairs if x is not None and y is not None and y != 0]
+
+
+def median_ratio(ratios: list[float]) -> float | None:
+    return statistics.median(ratios) if ratios else None
+
+
+def rounds_note(ratios: list[float]) -> str:
+    return "" if len(ratios) < 2 else f"; rounds {' '.join(f'{r:.2f}' for r in ratios)}"
 
 
 def best_generate(res: SuiteResults) -> dict[str, Any] | None:
@@ -72,9 +107,11 @@ class Criterion:
         return "PASS" if self.ratio >= self.target else "FAIL"
 
 
-def _throughput(name: str, a: Run | None, b: Run | None, target: float) -> Criterion:
-    x, y = out_tps(a), out_tps(b)
-    return Criterion(name, f"{fmt(x)} / {fmt(y)} tok/s", ratio(x, y), target)
+def _throughput(name: str, a: list[Run], b: list[Run], target: float) -> Criterion:
+    x, y = out_tps(median_run(a)), out_tps(median_run(b))
+    ratios = round_ratios(a, b, out_tps)
+    return Criterion(name, f"{fmt(x)} / {fmt(y)} tok/s{rounds_note(ratios)}",
+                     median_ratio(ratios), target)
 
 
 def acceptance(cfg: SuiteConfig, res: SuiteResults) -> list[Criterion]:
@@ -85,30 +122,34 @@ def acceptance(cfg: SuiteConfig, res: SuiteResults) -> list[Criterion]:
         for n in sorted({1, *LLAMA_MANY} & set(cfg.concurrencies)):
             crit.append(_throughput(
                 f"1. same weights, concurrency {n}: shoal float32 / llama.cpp F32 output tok/s",
-                res.get(SHOAL, n, shape), res.get(LLAMA_F32, n, shape),
+                res.rounds(SHOAL, n, shape), res.rounds(LLAMA_F32, n, shape),
                 VS_LLAMA_SINGLE if n == 1 else VS_LLAMA_MANY))
-        ours, theirs = ttft_ms(res.get(SHOAL, c, shape)), ttft_ms(res.get(LLAMA_F32, c, shape))
-        crit.append(Criterion(f"1. TTFT at concurrency {c}: llama.cpp F32 / shoal float32 "
-                              f"(mean)", f"{fmt(theirs, 0)} / {fmt(ours, 0)} ms",
-                              ratio(theirs, ours), 1.0))
+        ours, theirs = res.rounds(SHOAL, c, shape), res.rounds(LLAMA_F32, c, shape)
+        ratios = round_ratios(theirs, ours, ttft_ms)
+        crit.append(Criterion(
+            f"1. TTFT at concurrency {c}: llama.cpp F32 / shoal float32 (mean)",
+            f"{fmt(ttft_ms(median_run(theirs)), 0)} / {fmt(ttft_ms(median_run(ours)), 0)} ms"
+            f"{rounds_note(ratios)}", median_ratio(ratios), 1.0))
     if 1 in cfg.int8_concurrencies:
         crit.append(_throughput("2. concurrency 1: shoal w8a16 / shoal float32",
-                                res.get(SHOAL_INT8, 1, shape), res.get(SHOAL, 1, shape),
+                                res.rounds(SHOAL_INT8, 1, shape), res.rounds(SHOAL, 1, shape),
                                 INT8_VS_FLOAT_SINGLE))
     if not cfg.skip_llama_cpp:
         for n in cfg.int8_concurrencies:
             crit.append(_throughput(f"2. concurrency {n}: shoal w8a16 / llama.cpp Q8_0",
-                                    res.get(SHOAL_INT8, n, shape), res.get(LLAMA_Q8, n, shape),
+                                    res.rounds(SHOAL_INT8, n, shape),
+                                    res.rounds(LLAMA_Q8, n, shape),
                                     INT8_VS_Q8))
     if not cfg.skip_transformers:
         for s in cfg.shapes:
             crit.append(_throughput(
                 f"4. {s[0]} in / {s[1]} out, concurrency {c}: shoal / transformers serve CB",
-                res.get(SHOAL, c, s), res.get(TRANSFORMERS, c, s), VS_TRANSFORMERS))
-    shoal_c, fwd_c = out_tps(res.get(SHOAL, c, shape)), fwd_tps(res.forward.get(c))
+                res.rounds(SHOAL, c, s), res.rounds(TRANSFORMERS, c, s), VS_TRANSFORMERS))
+    shoal_c, forward_c = res.rounds(SHOAL, c, shape), res.forward.get(c, [])
+    ratios = round_ratios(shoal_c, forward_c, out_tps, run_fwd_tps)
     crit.append(Criterion(f"4. shoal at concurrency {c} / bare forward at batch {c}",
-                          f"{fmt(shoal_c)} / {fmt(fwd_c)} tok/s", ratio(shoal_c, fwd_c),
-                          VS_CEILING))
+                          f"{fmt(out_tps(median_run(shoal_c)))} / {fmt(fwd_tps(forward_c))} "
+                          f"tok/s{rounds_note(ratios)}", median_ratio(ratios), VS_CEILING))
     for s in cfg.shared_shapes:
         on, off = ttft_ms(res.shared.get((True, s))), ttft_ms(res.shared.get((False, s)))
         crit.append(Criterion(f"4. shared prefix {s[0]} + suffix {s[1]}: mean TTFT without / "

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import psutil
 
-from shoal.bench.acceptance import Criterion, acceptance, fmt, fwd_tps, out_tps, ratio
+from shoal.bench.acceptance import (
+    Criterion,
+    acceptance,
+    fmt,
+    fwd_tps,
+    median_ratio,
+    out_tps,
+    round_ratios,
+    run_fwd_tps,
+)
 from shoal.bench.suite_runs import (
     LLAMA_F32,
     LLAMA_Q8,
@@ -19,8 +28,10 @@ from shoal.bench.suite_runs import (
     SYSTEMS,
     TRANSFORMERS,
     Run,
+    Shape,
     SuiteConfig,
     SuiteResults,
+    median_run,
 )
 from shoal.engine.threads import torch_threads_per_rank
 
@@ -70,9 +81,9 @@ def _threads_note(cfg: SuiteConfig) -> str:
 
 def _latency_rows(res: SuiteResults) -> list[str]:
     rows = []
-    for (system, shape, c), run in sorted(res.serving.items(),
-                                          key=lambda kv: (SYSTEMS.index(kv[0][0]), kv[0][1:])):
-        r = run.result
+    for (system, shape, c), runs in sorted(res.serving.items(),
+                                           key=lambda kv: (SYSTEMS.index(kv[0][0]), kv[0][1:])):
+        r = None if (run := median_run(runs)) is None else run.result
         if r is None:
             continue
         t, i, p, e = r["ttft_ms"], r["itl_ms"], r["tpot_ms"], r["e2e_latency_ms"]
@@ -91,9 +102,9 @@ def _workload(cfg: SuiteConfig) -> list[str]:
         f"(EOS ignored, greedy), at concurrency {', '.join(map(str, cfg.concurrencies))}"
         + (f"; also {extra} at concurrency {cfg.ratio_concurrency}" if extra else "")
         + f"; num-prompts = max({cfg.min_prompts}, {cfg.waves} x concurrency), one seed per "
-        f"workload (no run repeats the start of another's prompts); all requests are sent at "
-        f"once and `--max-concurrency` keeps that many in flight. Every server gets the same "
-        f"prompts (text; each server tokenizes it).",
+        f"workload and round (no run repeats the start of another's prompts); all requests "
+        f"are sent at once and `--max-concurrency` keeps that many in flight. Every server "
+        f"gets the same prompts (text; each server tokenizes it).",
         f"- int8: `shoal serve --quantization w8a16` and llama.cpp on Q8_0, main shape, at "
         f"concurrency {', '.join(map(str, cfg.int8_concurrencies))}.",
         "- llama.cpp: the embedded Q4_1 GGUF requantized by `llama-quantize --allow-requantize` "
@@ -106,9 +117,16 @@ def _workload(cfg: SuiteConfig) -> list[str]:
         f"request shares no prefix with the dataset), so the first wave pays the prefix.",
         f"- bare forward: `shoal bench forward` at batch = concurrency, KV context "
         f"{cfg.forward_context_len} tokens (the mean context of a main-shape request while it "
-        f"decodes), {cfg.forward_steps} timed steps, right after shoal's serving run at that "
-        f"concurrency (the server up and idle); at concurrency {cfg.ratio_concurrency}, whose "
-        f"ratio is a criterion, the mean of a run right before and one right after.",
+        f"decodes), {cfg.forward_steps} timed steps, right after each of shoal's serving runs "
+        f"at that concurrency (the server up and idle).",
+        f"- rounds: at each concurrency the main-shape runs of shoal (with its bare forward), "
+        f"llama.cpp F32 and, at the int8 concurrencies, shoal w8a16 and llama.cpp Q8_0 are "
+        f"repeated {cfg.rounds} times in turns, each round on its own prompts; the other shapes "
+        f"and transformers serve run once. A table's value is the round of median throughput "
+        f"(its latencies too); a ratio of two systems measured in rounds is the median of the "
+        f"rounds' ratios (each of two runs seconds apart: what this host gives moves 30-50% "
+        f"between minutes), against a system measured once the ratio of the median round to "
+        f"that run.",
         "- transformers `generate`: batch 1, the main shape; tokens/s = output tokens / "
         "generate time (prefill included, as in a serving request).",
     ]
@@ -121,14 +139,20 @@ def _throughput_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cfg.concurrencies:
         v = {s: out_tps(res.get(s, c, cfg.shape)) for s in SYSTEMS}
-        f = fwd_tps(res.forward.get(c))
+        ceiling = median_ratio(round_ratios(res.rounds(SHOAL, c, cfg.shape),
+                                            res.forward.get(c, []), out_tps, run_fwd_tps))
         lines.append(
             f"| {c} | {fmt(v[SHOAL])} | {fmt(v[SHOAL_INT8])} | {fmt(v[LLAMA_F32])} | "
-            f"{fmt(v[LLAMA_Q8])} | {fmt(v[TRANSFORMERS])} | {fmt(f)} | "
-            f"{fmt(ratio(v[SHOAL], v[LLAMA_F32]), 2)} | "
-            f"{fmt(ratio(v[SHOAL_INT8], v[LLAMA_Q8]), 2)} | "
-            f"{fmt(ratio(v[SHOAL], v[TRANSFORMERS]), 2)} | {fmt(ratio(v[SHOAL], f), 2)} |")
+            f"{fmt(v[LLAMA_Q8])} | {fmt(v[TRANSFORMERS])} | {fmt(fwd_tps(res.forward.get(c)))} | "
+            f"{fmt(_vs(res, SHOAL, LLAMA_F32, c, cfg.shape), 2)} | "
+            f"{fmt(_vs(res, SHOAL_INT8, LLAMA_Q8, c, cfg.shape), 2)} | "
+            f"{fmt(_vs(res, SHOAL, TRANSFORMERS, c, cfg.shape), 2)} | {fmt(ceiling, 2)} |")
     return lines
+
+
+def _vs(res: SuiteResults, a: str, b: str, c: int, shape: Shape) -> float | None:
+    """System a's output throughput over b's (`acceptance.round_ratios`)."""
+    return median_ratio(round_ratios(res.rounds(a, c, shape), res.rounds(b, c, shape), out_tps))
 
 
 def _shapes_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
@@ -144,10 +168,9 @@ def _shapes_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
             return "n/a" if r is None else \
                 f"{r['output_throughput']:.1f} ({r['ttft_ms']['mean']:.0f})"
 
-        v = {k: out_tps(run) for k, run in runs.items()}
         lines.append(f"| {s[0]} / {s[1]} | {cell(runs[SHOAL])} | {cell(runs[LLAMA_F32])} | "
-                     f"{cell(runs[TRANSFORMERS])} | {fmt(ratio(v[SHOAL], v[LLAMA_F32]), 2)} | "
-                     f"{fmt(ratio(v[SHOAL], v[TRANSFORMERS]), 2)} |")
+                     f"{cell(runs[TRANSFORMERS])} | {fmt(_vs(res, SHOAL, LLAMA_F32, c, s), 2)} | "
+                     f"{fmt(_vs(res, SHOAL, TRANSFORMERS, c, s), 2)} |")
     return lines
 
 

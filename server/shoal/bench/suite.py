@@ -4,13 +4,15 @@ same weights) vs `transformers serve --continuous-batching` vs the bare-forward 
 One run on one machine, the same workload for everyone:
     1. transformers `generate` at batch 1 (best of 1 thread and all cores);
     2. one phase per concurrency c, those the acceptance ratios read first (1, the ratio
-       concurrency, the int8 ones, then the rest): `shoal serve` on the random dataset between
-       two runs of `shoal bench forward` at batch c (the server up and idle: the ceiling is the
-       mean of the two, since what this shared 2-core host gives drifts by 10-30% within
-       minutes), and at the ratio concurrency the other random shapes; `llama-server` on the F32
-       GGUF with `-np` c, the same workloads; at the int8 concurrencies `shoal serve
-       --quantization w8a16` and `llama-server` on the Q8_0 GGUF; `transformers serve
-       --continuous-batching`, the same workloads as shoal;
+       concurrency, the int8 ones, then the rest), in head-to-head rounds
+       (`SuiteConfig.rounds`; each round its own prompts): `shoal serve` on the random dataset
+       and right after it `shoal bench forward` at batch c (the server up and idle),
+       `llama-server` on the F32 GGUF with `-np` c, and at the int8 concurrencies `shoal serve
+       --quantization w8a16` and `llama-server` on the Q8_0 GGUF, in turns, so that each ratio
+       is the median of ratios of runs seconds apart (what this shared 2-core host gives moves
+       30-50% between minutes); then at the ratio concurrency the other random shapes on shoal
+       and llama.cpp F32 once, and `transformers serve --continuous-batching` once on every
+       workload of the phase;
     3. the shared-prefix dataset at each prefix/suffix shape on shoal (cache flushed first), then
        on `shoal serve --disable-radix-cache`;
     4. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
@@ -25,6 +27,7 @@ what it measured; raw JSON goes to --results-dir.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -76,10 +79,11 @@ def forward_run(label: str, cfg: SuiteConfig, batch_size: int, results: Path) ->
                out).execute()
 
 
-def random_args(cfg: SuiteConfig, shape: Shape, concurrency: int) -> list[str]:
+def random_args(cfg: SuiteConfig, shape: Shape, concurrency: int, round_: int = 0) -> list[str]:
     return ["--dataset", "random", "--num-prompts", str(cfg.num_prompts(concurrency)),
             "--input-len", str(shape[0]), "--output-len", str(shape[1]),
-            "--max-concurrency", str(concurrency), "--seed", str(cfg.seed_for(shape, concurrency))]
+            "--max-concurrency", str(concurrency),
+            "--seed", str(cfg.seed_for(shape, concurrency, round_))]
 
 
 def shared_prefix_args(cfg: SuiteConfig, shape: Shape) -> list[str]:
@@ -98,9 +102,10 @@ def random_label(system: str, shape: Shape, concurrency: int) -> str:
 
 class Suite:
     """The run, one concurrency at a time (`SuiteConfig.phase_order`): every server measured at
-    that concurrency back to back, so that each ratio compares runs minutes apart on a host
-    whose load drifts, and a run cut short has whole comparisons. shoal's and transformers'
-    servers stay up across phases; a `llama-server` is started per phase (`-np` = concurrency).
+    that concurrency back to back, in rounds, so that each ratio compares runs seconds apart on
+    a host whose load drifts, and a run cut short has whole comparisons. shoal's and
+    transformers' servers stay up across phases; the `llama-server`s (F32, and Q8_0 at the int8
+    concurrencies) are started per phase (`-np` = concurrency).
     `on_progress` runs after each phase."""
 
     def __init__(self, cfg: SuiteConfig, results: Path, llama_bin: Path | None,
@@ -153,10 +158,14 @@ class Suite:
         finally:
             server.stop()
 
-    def random(self, system: str, server: Server, shape: Shape, concurrency: int) -> None:
-        self.res.serving[(system, shape, concurrency)] = serving_run(
-            random_label(system, shape, concurrency), server, self.results,
-            *random_args(self.cfg, shape, concurrency))
+    def random(self, system: str, server: Server, shape: Shape, concurrency: int,
+               round_: int | None = None) -> None:
+        """One run of the random dataset; `round_` numbers a head-to-head round (its own
+        prompts, `SuiteConfig.seed_for`)."""
+        label = random_label(system, shape, concurrency)
+        self.res.serving.setdefault((system, shape, concurrency), []).append(serving_run(
+            label if round_ is None else f"{label}-r{round_ + 1}", server, self.results,
+            *random_args(self.cfg, shape, concurrency, round_ or 0)))
 
     def randoms(self, system: str, work: list[tuple[Shape, int]]) -> Callable[[Server], None]:
         def body(server: Server) -> None:
@@ -185,42 +194,61 @@ class Suite:
         if llama is not None:
             for t in cfg.llama_thread_trials(os.cpu_count() or 1):
                 for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
-                    self.llama_serve(LLAMA_F32, llama[0], c, t, [(cfg.shape, c)])
+                    self.llama_trial(llama[0], c, t)
             self.progress()
         self.generate()
         return self.res
 
     def phase(self, c: int, llama: tuple[Path, Path] | None) -> None:
-        """Every server at concurrency `c`."""
+        """Every server at concurrency `c`: the head-to-head rounds of the main shape (shoal and
+        its bare forward, llama.cpp F32, and at the int8 concurrencies shoal w8a16 and llama.cpp
+        Q8_0, in turns), the other shapes once, then transformers."""
         cfg, results = self.cfg, self.results
         work = [w for w in cfg.workloads(cfg.concurrencies) if w[1] == c]
+        int8 = c in cfg.int8_concurrencies
         shoal = self.server(lambda: shoal_server(results, SHOAL, *self.kv)) if work else None
-        if shoal is not None:
-            for shape, _ in work:
-                if shape != cfg.shape:
+        shoal_int8 = self.server(lambda: shoal_server(
+            results, SHOAL_INT8, *self.kv, "--quantization", "w8a16")) if int8 else None
+        with contextlib.ExitStack() as phase_servers:
+            f32 = q8 = None
+            if llama is not None and work:
+                f32 = self.phase_server(phase_servers, self.llama(LLAMA_F32, llama[0], c, work))
+            if llama is not None and int8:
+                q8 = self.phase_server(phase_servers,
+                                       self.llama(LLAMA_Q8, llama[1], c, [(cfg.shape, c)]))
+            for round_ in range(cfg.rounds):
+                if shoal is not None and work:
+                    self.random(SHOAL, shoal, cfg.shape, c, round_)
+                    self.res.forward.setdefault(c, []).append(
+                        forward_run(f"forward-b{c}-r{round_ + 1}", cfg, c, results))
+                if f32 is not None:
+                    self.random(LLAMA_F32, f32, cfg.shape, c, round_)
+                if shoal_int8 is not None:
+                    self.random(SHOAL_INT8, shoal_int8, cfg.shape, c, round_)
+                if q8 is not None:
+                    self.random(LLAMA_Q8, q8, cfg.shape, c, round_)
+            for shape, _ in work[1:]:
+                if shoal is not None:
                     self.random(SHOAL, shoal, shape, c)
-                    continue
-                # the ceiling the acceptance ratio reads is measured on both sides of its run
-                before = [forward_run(f"forward-b{c}-before", cfg, c, results)] \
-                    if c == cfg.ratio_concurrency else []
-                self.random(SHOAL, shoal, shape, c)
-                self.res.forward[c] = [*before,
-                                       forward_run(f"forward-b{c}-after", cfg, c, results)]
-        if llama is not None and work:
-            self.llama_serve(LLAMA_F32, llama[0], c, self.llama_threads, work)
-        if c in cfg.int8_concurrencies:
-            int8 = self.server(lambda: shoal_server(results, SHOAL_INT8, *self.kv,
-                                                    "--quantization", "w8a16"))
-            if int8 is not None:
-                self.random(SHOAL_INT8, int8, cfg.shape, c)
-            if llama is not None:
-                self.llama_serve(LLAMA_Q8, llama[1], c, self.llama_threads, [(cfg.shape, c)])
+                if f32 is not None:
+                    self.random(LLAMA_F32, f32, shape, c)
         if work and not cfg.skip_transformers:
             threads = cfg.hf_threads(os.cpu_count() or 1)
             hf = self.server(lambda: transformers_server(
                 TRANSFORMERS, str(model_store.prepare()), threads, results))
             if hf is not None:
                 self.randoms(TRANSFORMERS, work)(hf)
+
+    def phase_server(self, stack: contextlib.ExitStack, server: Server) -> Server | None:
+        """`server` started until `stack` closes; None (and an error) if it would not start."""
+        self.res.servers[server.name] = server.command()
+        stack.callback(server.stop)
+        try:
+            return server.start()
+        except (RuntimeError, OSError, httpx.HTTPError) as exc:
+            self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
+            print(f"[suite] {exc}", file=sys.stderr)
+            return None
 
     def generate(self) -> None:
         cfg = self.cfg
@@ -260,25 +288,36 @@ class Suite:
             self.res.errors.append(f"llama.cpp GGUF conversion: {exc}")
             return None
 
-    def llama_serve(self, system: str, gguf: Path, concurrency: int, threads: int,
-                    work: list[tuple[Shape, int]]) -> None:
+    def llama(self, system: str, gguf: Path, concurrency: int, work: list[tuple[Shape, int]],
+              threads: int | None = None) -> Server:
+        """A `llama-server` for `work` at `concurrency` (`-np`), on `threads` (default: the
+        suite's choice)."""
         assert self.llama_bin is not None
+        threads = threads or self.llama_threads
+        return llama_server(f"{system} -np {concurrency} -t {threads}", self.llama_bin, gguf,
+                            concurrency, threads, max(i + o for (i, o), _ in work), self.results)
+
+    def llama_trial(self, gguf: Path, concurrency: int, threads: int) -> None:
+        """llama.cpp F32 on another thread count, the main shape at `concurrency`."""
         cfg = self.cfg
-        name = f"{system} -np {concurrency} -t {threads}"
-        max_tokens = max(i + o for (i, o), _ in work)
+        work = [(cfg.shape, concurrency)]
 
         def trial(server: Server) -> None:
-            for shape, c in work:
-                self.res.llama_threads[(threads, c)] = serving_run(
-                    f"{random_label(system, shape, c)}-t{threads}", server, self.results,
-                    *random_args(cfg, shape, c))
+            self.res.llama_threads[(threads, concurrency)] = serving_run(
+                f"{random_label(LLAMA_F32, cfg.shape, concurrency)}-t{threads}", server,
+                self.results, *random_args(cfg, cfg.shape, concurrency))
 
-        self.serve(llama_server(name, self.llama_bin, gguf, concurrency, threads, max_tokens,
-                                self.results),
-                   self.randoms(system, work) if threads == self.llama_threads else trial)
+        self.serve(self.llama(LLAMA_F32, gguf, concurrency, work, threads), trial)
 
 
 # -- command line ---------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -292,6 +331,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--waves", type=int, default=None,
                         help="num-prompts = max(min, waves x concurrency)")
     parser.add_argument("--shared-num-prompts", type=int, default=None)
+    parser.add_argument("--rounds", type=_positive, default=None,
+                        help="head-to-head rounds per concurrency (default 3; --quick 2)")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--transformers-threads", type=int, default=None,
                         help="OMP_NUM_THREADS of transformers serve (default: as many torch "
@@ -316,7 +357,7 @@ def config_from_args(ns: argparse.Namespace) -> SuiteConfig:
     overrides: dict[str, Any] = {}
     if ns.concurrencies:
         overrides["concurrencies"] = tuple(int(c) for c in ns.concurrencies.split(","))
-    for name in ("input_len", "output_len", "waves", "shared_num_prompts",
+    for name in ("input_len", "output_len", "waves", "shared_num_prompts", "rounds",
                  "transformers_threads", "llama_cpp_threads"):
         if getattr(ns, name) is not None:
             overrides[name] = getattr(ns, name)

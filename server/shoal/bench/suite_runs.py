@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ class SuiteConfig:
     forward_steps: int = 16
     generate_repeats: int = 2
     ratio_concurrency: int = 32    # the shape comparisons and the ceiling are read here
+    # head-to-head rounds per concurrency (`rounds` in SuiteResults): the runs a ratio compares
+    # are repeated in turns, seconds apart, and each ratio is the median of its rounds' ratios,
+    # since what this shared host gives moves 30-50% between minutes
+    rounds: int = 3
     seed: int = 0
     skip_transformers: bool = False
     transformers_threads: int | None = None  # None: cores - 1 (its fastest on 2 cores)
@@ -109,10 +114,12 @@ class SuiteConfig:
             return (c != 1, c != self.ratio_concurrency, c not in self.int8_concurrencies, -c)
         return sorted(set(self.concurrencies) | set(self.int8_concurrencies), key=key)
 
-    def seed_for(self, shape: Shape, concurrency: int) -> int:
-        """A seed per workload: with one seed a run would resend the start of another run's
-        prompts, and a prefix cache would skip their prefill."""
-        return self.seed + concurrency + (0 if shape == self.shape else 1000 * shape[0])
+    def seed_for(self, shape: Shape, concurrency: int, round_: int = 0) -> int:
+        """A seed per workload and round: with one seed a run would resend the start of
+        another run's prompts, and a prefix cache (shoal's radix cache, llama.cpp's slots) would
+        skip their prefill."""
+        return (self.seed + concurrency + (0 if shape == self.shape else 1000 * shape[0])
+                + 1_000_000 * round_)
 
     @property
     def forward_context_len(self) -> int:
@@ -124,7 +131,8 @@ QUICK: dict[str, Any] = {
     "concurrencies": (1, 4, 32), "input_len": 32, "output_len": 16,
     "extra_shapes": ((48, 8), (128, 4)), "int8_concurrencies": (1, 4), "min_prompts": 2,
     "shared_shapes": ((256, 16), (128, 32)), "shared_num_prompts": 16, "shared_output_len": 4,
-    "shared_concurrency": 4, "forward_steps": 4, "generate_repeats": 1, "quick": True}
+    "shared_concurrency": 4, "forward_steps": 4, "generate_repeats": 1, "rounds": 2,
+    "quick": True}
 
 
 def display_argv(argv: list[str]) -> list[str]:
@@ -169,27 +177,49 @@ class Run:
         return shlex.join(display_argv(self.argv))
 
 
+def output_throughput(run: Run) -> float | None:
+    r = run.result
+    return None if r is None else float(r["output_throughput"])
+
+
+def median_run(runs: list[Run], value: Callable[[Run], float | None] = output_throughput
+               ) -> Run | None:
+    """The clean run of median `value` (the lower middle one of an even count), else the first
+    run (failed), or None."""
+    done = sorted((v, i) for i, run in enumerate(runs) if (v := value(run)) is not None)
+    if not done:
+        return runs[0] if runs else None
+    return runs[done[(len(done) - 1) // 2][1]]
+
+
 @dataclass
 class SuiteResults:
-    # (system, shape, concurrency) -> serving run of the random dataset
-    serving: dict[tuple[str, Shape, int], Run] = dataclasses.field(default_factory=dict)
+    # (system, shape, concurrency) -> serving runs of the random dataset, one per round (the
+    # main shape at every concurrency; other shapes once)
+    serving: dict[tuple[str, Shape, int], list[Run]] = dataclasses.field(default_factory=dict)
     # llama.cpp F32 at other thread counts: (threads, concurrency) -> serving run, main shape
     llama_threads: dict[tuple[int, int], Run] = dataclasses.field(default_factory=dict)
-    forward: dict[int, list[Run]] = dataclasses.field(default_factory=dict)  # before, after
+    # concurrency -> bare-forward runs at batch = concurrency, one right after each of shoal's
+    # rounds
+    forward: dict[int, list[Run]] = dataclasses.field(default_factory=dict)
     generate: list[Run] = dataclasses.field(default_factory=list)
     # (radix on?, (prefix, suffix)) -> serving run of the shared-prefix dataset
     shared: dict[tuple[bool, Shape], Run] = dataclasses.field(default_factory=dict)
     servers: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> command
     errors: list[str] = dataclasses.field(default_factory=list)
 
+    def rounds(self, system: str, concurrency: int, shape: Shape) -> list[Run]:
+        return self.serving.get((system, shape, concurrency), [])
+
     def get(self, system: str, concurrency: int, shape: Shape) -> Run | None:
-        return self.serving.get((system, shape, concurrency))
+        """The run the tables show: the round of median throughput."""
+        return median_run(self.rounds(system, concurrency, shape))
 
     def all_runs(self) -> list[Run]:
-        forward = [r for pair in self.forward.values() for r in pair]
-        runs = [*forward, *self.generate, *self.serving.values(), *self.llama_threads.values(),
-                *self.shared.values()]
+        runs = [*(r for rounds in self.forward.values() for r in rounds), *self.generate,
+                *self.serving_runs()]
         return sorted(runs, key=lambda r: r.started)
 
     def serving_runs(self) -> list[Run]:
-        return [*self.serving.values(), *self.llama_threads.values(), *self.shared.values()]
+        return [*(r for rounds in self.serving.values() for r in rounds),
+                *self.llama_threads.values(), *self.shared.values()]
