@@ -217,7 +217,7 @@ class Suite:
                 q8 = self.phase_server(phase_servers,
                                        self.llama(LLAMA_Q8, llama[1], c, [(cfg.shape, c)]))
             for round_ in range(cfg.rounds):
-                if shoal is not None and work:
+                if shoal is not None:
                     self.random(SHOAL, shoal, cfg.shape, c, round_)
                     self.res.forward.setdefault(c, []).append(
                         forward_run(f"forward-b{c}-r{round_ + 1}", cfg, c, results))
@@ -227,7 +227,7 @@ class Suite:
                     self.random(SHOAL_INT8, shoal_int8, cfg.shape, c, round_)
                 if q8 is not None:
                     self.random(LLAMA_Q8, q8, cfg.shape, c, round_)
-            for shape, _ in work[1:]:
+            for shape in (s for s, _ in work if s != cfg.shape):
                 if shoal is not None:
                     self.random(SHOAL, shoal, shape, c)
                 if f32 is not None:
