@@ -52,7 +52,7 @@ llama-cpp:
 
 # shoal (float32, w8a16) vs llama.cpp's llama-server (F32, Q8_0) vs transformers serve
 # --continuous-batching vs the bare forward; writes docs/benchmarks.md and
-# docs/benchmarks_throughput.png (35-45 minutes on 2 quiet cores; workload in docs/benchmarks.md)
+# docs/benchmarks_throughput.png (~45 minutes on 2 cores; workload in docs/benchmarks.md)
 bench: setup llama-cpp
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m shoal.bench.suite --llama-cpp-bin "$$(PYTHON=$(BIN)/python tools/llama-cpp/build.sh)" $(BENCH_ARGS)

@@ -27,9 +27,9 @@ SYSTEMS = (SHOAL, SHOAL_INT8, LLAMA_F32, LLAMA_Q8, TRANSFORMERS)
 
 @dataclass(frozen=True)
 class SuiteConfig:
-    """The full run is sized for 35-45 minutes on 2 quiet cores (measured on a busy machine:
-    shoal at concurrency 64 ~95 s, transformers serve ~235 s; the shared prefix without the radix
-    cache prefills 64 x 1056 tokens, ~3 min). Output >> input keeps the main random workload
+    """The full run takes ~45 minutes on 2 cores (46 on 2026-12-04, three rounds; shoal at
+    concurrency 64 ~30 s a round, transformers serve ~235 s; the shared prefix without the radix
+    cache prefills 64 x 1056 tokens, ~2.5 min). Output >> input keeps the main random workload
     decode-bound, which is what the bare-forward ceiling measures; `extra_shapes` are measured at
     `ratio_concurrency` only."""
 
