@@ -108,8 +108,9 @@ def _workload(cfg: SuiteConfig) -> list[str]:
         f"- int8: `shoal serve --quantization w8a16` and llama.cpp on Q8_0, main shape, at "
         f"concurrency {', '.join(map(str, cfg.int8_concurrencies))}.",
         "- llama.cpp: the embedded Q4_1 GGUF requantized by `llama-quantize --allow-requantize` "
-        "to F32 (the weights shoal serves, dequantized to float32) and Q8_0; one "
-        "`llama-server` per concurrency with `-np` = concurrency and continuous batching.",
+        "to F32 (the weights shoal serves, dequantized to float32) and Q8_0; a `llama-server` "
+        "per GGUF and concurrency with `-np` = concurrency and continuous batching (the F32 and "
+        "Q8_0 ones up together through their phase's rounds, the idle one using no CPU).",
         f"- shared-prefix dataset: {cfg.shared_num_prompts} requests of one common prefix + a "
         f"unique suffix (prefix + suffix tokens: {shared}), {cfg.shared_output_len} output "
         f"tokens, concurrency {cfg.shared_concurrency}, with and without "
