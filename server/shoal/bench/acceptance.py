@@ -20,6 +20,7 @@ from shoal.bench.suite_runs import (
     SHOAL_INT8,
     TRANSFORMERS,
     Run,
+    Shape,
     SuiteConfig,
     SuiteResults,
     median_run,
@@ -107,9 +108,23 @@ class Criterion:
         return "PASS" if self.ratio >= self.target else "FAIL"
 
 
-def _throughput(name: str, a: list[Run], b: list[Run], target: float) -> Criterion:
-    x, y = out_tps(median_run(a)), out_tps(median_run(b))
-    ratios = round_ratios(a, b, out_tps)
+def throughput_rounds(res: SuiteResults, a: str, b: str, concurrency: int, shape: Shape
+                      ) -> list[float]:
+    """System a's output throughput over b's, round by round (`round_ratios`)."""
+    return round_ratios(res.rounds(a, concurrency, shape), res.rounds(b, concurrency, shape),
+                        out_tps)
+
+
+def ceiling_rounds(res: SuiteResults, concurrency: int, shape: Shape) -> list[float]:
+    """shoal's output throughput over the bare forward's run right after it, round by round."""
+    return round_ratios(res.rounds(SHOAL, concurrency, shape), res.forward.get(concurrency, []),
+                        out_tps, run_fwd_tps)
+
+
+def _throughput(name: str, res: SuiteResults, a: str, b: str, concurrency: int, shape: Shape,
+                target: float) -> Criterion:
+    x, y = (out_tps(res.get(system, concurrency, shape)) for system in (a, b))
+    ratios = throughput_rounds(res, a, b, concurrency, shape)
     return Criterion(name, f"{fmt(x)} / {fmt(y)} tok/s{rounds_note(ratios)}",
                      median_ratio(ratios), target)
 
@@ -122,8 +137,7 @@ def acceptance(cfg: SuiteConfig, res: SuiteResults) -> list[Criterion]:
         for n in sorted({1, *LLAMA_MANY} & set(cfg.concurrencies)):
             crit.append(_throughput(
                 f"1. same weights, concurrency {n}: shoal float32 / llama.cpp F32 output tok/s",
-                res.rounds(SHOAL, n, shape), res.rounds(LLAMA_F32, n, shape),
-                VS_LLAMA_SINGLE if n == 1 else VS_LLAMA_MANY))
+                res, SHOAL, LLAMA_F32, n, shape, VS_LLAMA_SINGLE if n == 1 else VS_LLAMA_MANY))
         ours, theirs = res.rounds(SHOAL, c, shape), res.rounds(LLAMA_F32, c, shape)
         ratios = round_ratios(theirs, ours, ttft_ms)
         crit.append(Criterion(
@@ -131,25 +145,22 @@ def acceptance(cfg: SuiteConfig, res: SuiteResults) -> list[Criterion]:
             f"{fmt(ttft_ms(median_run(theirs)), 0)} / {fmt(ttft_ms(median_run(ours)), 0)} ms"
             f"{rounds_note(ratios)}", median_ratio(ratios), 1.0))
     if 1 in cfg.int8_concurrencies:
-        crit.append(_throughput("2. concurrency 1: shoal w8a16 / shoal float32",
-                                res.rounds(SHOAL_INT8, 1, shape), res.rounds(SHOAL, 1, shape),
-                                INT8_VS_FLOAT_SINGLE))
+        crit.append(_throughput("2. concurrency 1: shoal w8a16 / shoal float32", res,
+                                SHOAL_INT8, SHOAL, 1, shape, INT8_VS_FLOAT_SINGLE))
     if not cfg.skip_llama_cpp:
         for n in cfg.int8_concurrencies:
-            crit.append(_throughput(f"2. concurrency {n}: shoal w8a16 / llama.cpp Q8_0",
-                                    res.rounds(SHOAL_INT8, n, shape),
-                                    res.rounds(LLAMA_Q8, n, shape),
-                                    INT8_VS_Q8))
+            crit.append(_throughput(f"2. concurrency {n}: shoal w8a16 / llama.cpp Q8_0", res,
+                                    SHOAL_INT8, LLAMA_Q8, n, shape, INT8_VS_Q8))
     if not cfg.skip_transformers:
         for s in cfg.shapes:
             crit.append(_throughput(
                 f"4. {s[0]} in / {s[1]} out, concurrency {c}: shoal / transformers serve CB",
-                res.rounds(SHOAL, c, s), res.rounds(TRANSFORMERS, c, s), VS_TRANSFORMERS))
-    shoal_c, forward_c = res.rounds(SHOAL, c, shape), res.forward.get(c, [])
-    ratios = round_ratios(shoal_c, forward_c, out_tps, run_fwd_tps)
+                res, SHOAL, TRANSFORMERS, c, s, VS_TRANSFORMERS))
+    ratios = ceiling_rounds(res, c, shape)
     crit.append(Criterion(f"4. shoal at concurrency {c} / bare forward at batch {c}",
-                          f"{fmt(out_tps(median_run(shoal_c)))} / {fmt(fwd_tps(forward_c))} "
-                          f"tok/s{rounds_note(ratios)}", median_ratio(ratios), VS_CEILING))
+                          f"{fmt(out_tps(res.get(SHOAL, c, shape)))} / "
+                          f"{fmt(fwd_tps(res.forward.get(c)))} tok/s{rounds_note(ratios)}",
+                          median_ratio(ratios), VS_CEILING))
     for s in cfg.shared_shapes:
         on, off = ttft_ms(res.shared.get((True, s))), ttft_ms(res.shared.get((False, s)))
         crit.append(Criterion(f"4. shared prefix {s[0]} + suffix {s[1]}: mean TTFT without / "

@@ -13,12 +13,12 @@ import psutil
 from shoal.bench.acceptance import (
     Criterion,
     acceptance,
+    ceiling_rounds,
     fmt,
     fwd_tps,
     median_ratio,
     out_tps,
-    round_ratios,
-    run_fwd_tps,
+    throughput_rounds,
 )
 from shoal.bench.suite_runs import (
     LLAMA_F32,
@@ -140,20 +140,18 @@ def _throughput_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cfg.concurrencies:
         v = {s: out_tps(res.get(s, c, cfg.shape)) for s in SYSTEMS}
-        ceiling = median_ratio(round_ratios(res.rounds(SHOAL, c, cfg.shape),
-                                            res.forward.get(c, []), out_tps, run_fwd_tps))
         lines.append(
             f"| {c} | {fmt(v[SHOAL])} | {fmt(v[SHOAL_INT8])} | {fmt(v[LLAMA_F32])} | "
             f"{fmt(v[LLAMA_Q8])} | {fmt(v[TRANSFORMERS])} | {fmt(fwd_tps(res.forward.get(c)))} | "
             f"{fmt(_vs(res, SHOAL, LLAMA_F32, c, cfg.shape), 2)} | "
             f"{fmt(_vs(res, SHOAL_INT8, LLAMA_Q8, c, cfg.shape), 2)} | "
-            f"{fmt(_vs(res, SHOAL, TRANSFORMERS, c, cfg.shape), 2)} | {fmt(ceiling, 2)} |")
+            f"{fmt(_vs(res, SHOAL, TRANSFORMERS, c, cfg.shape), 2)} | "
+            f"{fmt(median_ratio(ceiling_rounds(res, c, cfg.shape)), 2)} |")
     return lines
 
 
 def _vs(res: SuiteResults, a: str, b: str, c: int, shape: Shape) -> float | None:
-    """System a's output throughput over b's (`acceptance.round_ratios`)."""
-    return median_ratio(round_ratios(res.rounds(a, c, shape), res.rounds(b, c, shape), out_tps))
+    return median_ratio(throughput_rounds(res, a, b, c, shape))
 
 
 def _shapes_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:

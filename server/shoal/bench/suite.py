@@ -59,6 +59,9 @@ from shoal.bench.suite_runs import (
     SuiteResults,
 )
 
+# what starting or talking to a benchmarked server may raise; recorded, and the run goes on
+SERVER_ERRORS = (RuntimeError, OSError, httpx.HTTPError)
+
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text).strip("-")
@@ -136,27 +139,40 @@ class Suite:
             dead = self.up.pop(server.name)
             self.res.errors.append(f"{server.name} exited with {dead.exit_code()} during the "
                                    f"run (log: {dead.log_path}); started again")
-        self.res.servers[server.name] = server.command()
-        try:
-            self.up[server.name] = server.start()
-        except (RuntimeError, OSError, httpx.HTTPError) as exc:
+        if not self.start(server):
             self.failed.add(server.name)
-            self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
-            print(f"[suite] {exc}", file=sys.stderr)
             return None
+        self.up[server.name] = server
         return server
 
     def serve(self, server: Server, body: Callable[[Server], None]) -> None:
         """A server for `body` only."""
+        try:
+            if self.start(server):
+                body(server)
+        except SERVER_ERRORS as exc:
+            self.record_error(server, exc)
+        finally:
+            server.stop()
+
+    def phase_server(self, stack: contextlib.ExitStack, server: Server) -> Server | None:
+        """`server` started until `stack` closes; None if it would not start."""
+        stack.callback(server.stop)
+        return server if self.start(server) else None
+
+    def start(self, server: Server) -> bool:
+        """Start `server`, its command recorded; False (the error recorded) if it would not."""
         self.res.servers[server.name] = server.command()
         try:
             server.start()
-            body(server)
-        except (RuntimeError, OSError, httpx.HTTPError) as exc:
-            self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
-            print(f"[suite] {exc}", file=sys.stderr)
-        finally:
-            server.stop()
+        except SERVER_ERRORS as exc:
+            self.record_error(server, exc)
+            return False
+        return True
+
+    def record_error(self, server: Server, exc: Exception) -> None:
+        self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
+        print(f"[suite] {exc}", file=sys.stderr)
 
     def random(self, system: str, server: Server, shape: Shape, concurrency: int,
                round_: int | None = None) -> None:
@@ -238,17 +254,6 @@ class Suite:
                 TRANSFORMERS, str(model_store.prepare()), threads, results))
             if hf is not None:
                 self.randoms(TRANSFORMERS, work)(hf)
-
-    def phase_server(self, stack: contextlib.ExitStack, server: Server) -> Server | None:
-        """`server` started until `stack` closes; None (and an error) if it would not start."""
-        self.res.servers[server.name] = server.command()
-        stack.callback(server.stop)
-        try:
-            return server.start()
-        except (RuntimeError, OSError, httpx.HTTPError) as exc:
-            self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
-            print(f"[suite] {exc}", file=sys.stderr)
-            return None
 
     def generate(self) -> None:
         cfg = self.cfg
