@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.engine.threads import RankThreads, forward_threads
-from shoal.models import kernel_probe, linear_kernels
+from shoal.models import kernel_probe, linear_kernels, panel_products
 from shoal.models.kernel_probe import runs_in_child, runs_in_children
 from shoal.models.layers import _Linear
 from shoal.models.linear_kernels import (
@@ -29,6 +29,7 @@ from shoal.models.linear_kernels import (
     choose,
     prepare_linears,
 )
+from shoal.models.panel_products import Panels
 from shoal.models.quantization import quantize_per_channel
 
 
@@ -155,16 +156,33 @@ def test_every_float_kernel_matches_f_linear(kernel: Kernel, rows: int) -> None:
     torch.testing.assert_close(product(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not any(k.packed for k in FLOAT_KERNELS),
-                    reason="this torch build has no oneDNN weight packing")
-def test_a_packed_kernel_packs_its_weight_at_load_and_counts_the_copy() -> None:
-    packed = next(k for k in FLOAT_KERNELS if k.packed)
-    plain = next(k for k in FLOAT_KERNELS if k.name == "mkl-row")
-    stored = linear_kernels.StoredWeight(torch.randn(96, 48))
-    product = LinearKernel(stored, [plain, plain, packed, packed])
-    assert stored.packed is not None and product.packed_bytes == 96 * 48 * 4
+@pytest.mark.parametrize("kernel", [k for k in (*FLOAT_KERNELS, *INT8_KERNELS) if k.copy],
+                         ids=lambda k: k.name)
+def test_a_packed_kernel_packs_its_weight_at_load_and_counts_the_copy(kernel: Kernel) -> None:
+    weight = torch.randn(96, 48)
+    stored = (linear_kernels.StoredWeight.int8(*quantize_per_channel(weight))
+              if kernel.layout == "int8" else linear_kernels.StoredWeight(weight))
+    plain = next(k for k in (*FLOAT_KERNELS, *INT8_KERNELS)
+                 if k.layout == kernel.layout and k.copy is None)
+    product = LinearKernel(stored, [plain, plain, kernel, kernel])
+    assert product.packed_bytes >= 96 * 48 * stored.weight.element_size()
+    assert product.packed_bytes == stored.packed_bytes
     assert LinearKernel(linear_kernels.StoredWeight(torch.randn(96, 48)),
                         [plain] * len(ROW_BUCKETS)).packed_bytes == 0
+
+
+@pytest.mark.parametrize("channels", [16, 40, 96])
+@pytest.mark.parametrize("rows", [2, 6, 7, 13, 300])
+def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: int) -> None:
+    """Tiles of one to six rows, panels of sixteen channels (the last one padded)."""
+    weight = torch.randn(channels, 40)
+    x = torch.randn(rows, 40)
+    got = panel_products.by_panels(x, Panels.of(weight.numpy()))
+    assert got.shape == (rows, channels) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    q, scale = quantize_per_channel(weight)
+    torch.testing.assert_close(panel_products.by_panels(x, Panels.of(q.numpy(), scale.numpy())),
+                               F.linear(x, q.float() * scale[:, None]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kernel", INT8_KERNELS, ids=lambda k: k.name)

@@ -51,8 +51,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models import kernel_choices, numba_products
+from shoal.models import kernel_choices, numba_products, panel_products
 from shoal.models.kernel_probe import runs_in_children
+from shoal.models.panel_products import Panels
 from shoal.models.quantization import dequantize, quantize_per_channel
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class StoredWeight:
     scale_bf16: torch.Tensor | None = None
     arrays: tuple[np.ndarray, np.ndarray] | None = None  # int8: weight and scale as numpy views
     packed: torch.Tensor | None = None  # see `pack`
+    panels: Panels | None = None  # see `pack_panels`
 
     @classmethod
     def int8(cls, qweight: torch.Tensor, scale: torch.Tensor) -> StoredWeight:
@@ -112,6 +114,21 @@ class StoredWeight:
         if self.packed is None:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _PACKED_FOR_ROWS)
         return self.packed
+
+    def pack_panels(self) -> Panels:
+        """The weight (float32, or int8 with its scale) packed into `panel_products`' panels: a
+        copy, made on the first call (`LinearKernel` makes it at load for a kernel that reads
+        it)."""
+        if self.panels is None:
+            self.panels = (Panels.of(*self.arrays) if self.arrays is not None
+                           else Panels.of(self.weight.contiguous().numpy()))
+        return self.panels
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the packed copies made of it (see `pack` and `pack_panels`)."""
+        return ((0 if self.packed is None else self.weight.numel() * 4)
+                + (0 if self.panels is None else self.panels.nbytes))
 
     @functools.cached_property
     def float_arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -132,6 +149,10 @@ def _onednn(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
 
 def _onednn_packed(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w.pack(), None, "none", [], "")
+
+
+def _panels(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
+    return panel_products.by_panels(x, w.pack_panels())
 
 
 def _numpy(x: torch.Tensor, w: StoredWeight) -> torch.Tensor:
@@ -177,22 +198,28 @@ class Kernel:
     layout: str  # "row" | "col" (float) or "int8"
     product: Product
     one_thread: bool = False  # runs on one thread whatever torch's count: timed only there
-    packed: bool = False  # reads `StoredWeight.pack()`
+    # the packed copy of the weight it reads (`StoredWeight.pack` or `pack_panels`), made at load
+    copy: Callable[[StoredWeight], object] | None = None
     buckets: tuple[int, ...] = tuple(range(len(ROW_BUCKETS)))  # where it is a candidate
 
 
-# Row buckets where shoal's numba kernels are candidates: none in the prefill-sized bucket (MKL
-# and oneDNN run it on every core), and the four-channel-by-three-row blocking not at one row (a
-# lone row takes its tail loop, measured ~3x slower in a decode step than its isolated timing).
+# Row buckets where shoal's numba kernels are candidates: none of the dot-product ones in the
+# prefill-sized bucket (MKL and oneDNN run it on every core), the four-channel-by-three-row
+# blocking not at one row (a lone row takes its tail loop, measured ~3x slower in a decode step
+# than its isolated timing), and the panels not at one row either (a one-row tile has two sums
+# in flight: bound by the multiply-add's latency).
 _FEW_ROWS = (0, 1, 2)
 _SEVERAL_ROWS = (1, 2)
+_MANY_ROWS = (1, 2, 3)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _ONEDNN_PACKED = _ONEDNN and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
                  *([Kernel("onednn-row", "row", _onednn), Kernel("onednn-col", "col", _onednn)]
                    if _ONEDNN else []),
-                 *([Kernel("onednn-packed", "row", _onednn_packed, packed=True)]
+                 *([Kernel("onednn-packed", "row", _onednn_packed, copy=StoredWeight.pack)]
                    if _ONEDNN_PACKED else []),
+                 Kernel("panels", "row", _panels, copy=StoredWeight.pack_panels,
+                        buckets=_MANY_ROWS),
                  Kernel("numpy-row", "row", _numpy, one_thread=True),
                  Kernel("numpy-col", "col", _numpy, one_thread=True),
                  Kernel("numba-pairs", "row", _float_by_pairs, buckets=_FEW_ROWS),
@@ -201,6 +228,8 @@ INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
                 Kernel("int8-rows", "int8", _int8_by_rows),
                 Kernel("int8-pairs", "int8", _int8_by_pairs),
                 Kernel("int8-quads", "int8", _int8_by_quads, buckets=_SEVERAL_ROWS),
+                Kernel("int8-panels", "int8", _panels, copy=StoredWeight.pack_panels,
+                       buckets=_MANY_ROWS),
                 Kernel("dequantized", "int8", _dequantized))
 
 
@@ -221,13 +250,14 @@ class LinearKernel:
         self.stored = stored
         self.kernels = kernels
         self._products = [k.product for k in kernels]
-        if any(k.packed for k in kernels):
-            stored.pack()  # now, at load, not in the first batch of many rows
+        for kernel in kernels:
+            if kernel.copy is not None:
+                kernel.copy(stored)  # now, at load, not in the first batch of many rows
 
     @property
     def packed_bytes(self) -> int:
-        """Bytes of the packed copy its kernels read besides the stored weight (0: none)."""
-        return self.stored.weight.numel() * 4 if any(k.packed for k in self.kernels) else 0
+        """Bytes of the packed copies its kernels read besides the stored weight (0: none)."""
+        return self.stored.packed_bytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] -> [rows, out] float, as `F.linear(x, weight)`."""
@@ -411,7 +441,7 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
                       for p in params}
     packed = sum(k.packed_bytes for k in linear_kernels.values())
     if packed:
-        logger.info("oneDNN's packed copies of the weights: %.0f MiB", packed / 2**20)
+        logger.info("packed copies of the weights (oneDNN's, panels): %.0f MiB", packed / 2**20)
     for module in owners:
         module.linear_kernel = linear_kernels[id(module.weight)]
     return choices

@@ -1,0 +1,203 @@
+"""Products of many rows on the CPU over a weight packed into panels, float32 or int8.
+
+A decode batch of 16-64 rows (and a prefill chunk) is bound by its multiply-adds, not by reading
+the weights, and the libraries' kernels reached about half of what two cores can do there: on a
+2-core AVX2 AMD EPYC, oneDNN on its packed weight ran 55-100 GFLOPS at 16-64 rows, MKL 39-65,
+against ~150 for OpenBLAS on a 512-row product (docs/benchmarks.md). This is the register-blocked
+kernel such libraries use for large products, sized for these: the weight [out, in] is packed
+once, at load, into panels of `PANEL` output channels, each panel [in, PANEL] so that one step
+over the input dimension reads `PANEL` consecutive weights; a tile of up to `TILE_ROWS` rows
+keeps its `TILE_ROWS` x `PANEL` sums in registers, and each step broadcasts one activation per row
+and multiplies it with the panel's step (two vectors of eight), `TILE_ROWS` x 2 vector
+multiply-adds for two vector loads and `TILE_ROWS` broadcasts. No sum needs a horizontal add,
+and while a tile runs, the same thread's next panel is fetched from memory ahead of its use.
+
+The tile is written in LLVM IR (`_tile`, a numba intrinsic): numba's loops do not keep a block of
+vector sums in registers. An int8 panel is widened to float32 in registers as it is read, and a
+tile's sums are multiplied by the per-channel scale as they are stored (ones for float32
+weights), so an int8 weight takes float32 activations and sums in float32 as
+`shoal.models.numba_products` does. The panels run in parallel over torch's thread count
+(`shoal.models.numba_kernels.Twins`); the sums are taken in another order than `F.linear`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+from llvmlite import ir
+from numba.core import cgutils
+from numba.core import types as numba_types
+from numba.extending import intrinsic
+
+from shoal.models.numba_kernels import Twins
+
+# Floats of one vector register (AVX2's 256 bits), vectors a panel is wide, and rows a tile
+# holds: 6 x 2 sums, two weight vectors and a broadcast fill 15 of AVX2's 16 vector registers.
+VECTOR = 8
+PANEL_VECTORS = 2
+PANEL = VECTOR * PANEL_VECTORS
+TILE_ROWS = 6
+
+
+@dataclass(frozen=True)
+class Panels:
+    """A weight packed for `by_panels`: `weights` [panels, in, PANEL] (float32 or int8; the
+    channels past `channels` are zeros) and `scale` [panels * PANEL] float32."""
+
+    weights: np.ndarray
+    scale: np.ndarray
+    channels: int
+
+    @classmethod
+    def of(cls, weight: np.ndarray, scale: np.ndarray | None = None) -> Panels:
+        """Pack a row-major weight [out, in] (float32, or int8 with its per-channel `scale`)."""
+        channels, depth = weight.shape
+        count = -(-channels // PANEL)
+        padded = np.zeros((count * PANEL, depth), weight.dtype)
+        padded[:channels] = weight
+        scales = np.zeros(count * PANEL, np.float32)
+        scales[:channels] = 1.0 if scale is None else scale
+        panels = np.ascontiguousarray(padded.reshape(count, PANEL, depth).transpose(0, 2, 1))
+        return cls(panels, scales, channels)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weights.nbytes + self.scale.nbytes
+
+
+_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+_VEC = ir.VectorType(_F32, VECTOR)
+
+
+def _i64(value: int) -> ir.Constant:
+    return ir.Constant(_I64, value)
+
+
+def _vector_at(builder: ir.IRBuilder, pointer: ir.Value, offset: ir.Value) -> ir.Value:
+    """A float pointer `offset` floats past `pointer`, as a pointer to `VECTOR` floats."""
+    return builder.bitcast(builder.gep(pointer, [offset]), _VEC.as_pointer())
+
+
+def _weights(builder: ir.IRBuilder, step: ir.Value, element: numba_types.Type
+             ) -> list[ir.Value]:
+    """The panel step at pointer `step` as PANEL_VECTORS float vectors (int8 widened)."""
+    wide = ir.VectorType(_F32, PANEL)
+    if element == numba_types.int8:
+        raw = builder.load(builder.bitcast(step, ir.VectorType(ir.IntType(8), PANEL).as_pointer()),
+                           align=1)
+        values = builder.sitofp(raw, wide)
+    else:
+        values = builder.load(builder.bitcast(step, wide.as_pointer()), align=4)
+    return [builder.shuffle_vector(values, ir.Constant(wide, ir.Undefined), ir.Constant(
+        ir.VectorType(_I32, VECTOR), list(range(j * VECTOR, (j + 1) * VECTOR))))
+        for j in range(PANEL_VECTORS)]
+
+
+def _broadcast(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    undef = ir.Constant(_VEC, ir.Undefined)
+    return builder.shuffle_vector(builder.insert_element(undef, value, ir.Constant(_I32, 0)),
+                                  undef, ir.Constant(ir.VectorType(_I32, VECTOR), [0] * VECTOR))
+
+
+@intrinsic
+def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
+          scale: numba_types.Type, out: numba_types.Type, panel: numba_types.Type,
+          row: numba_types.Type, rows: numba_types.Type, ahead: numba_types.Type) -> Any:
+    """out[row:row + rows, panel's channels] = (x[row:row + rows] . panel) * its scale, for
+    1 <= rows <= TILE_ROWS, asking for panel `ahead` from memory meanwhile (C-contiguous arrays:
+    panels [count, in, PANEL] float32 or int8, x [m, in] and out [m, count * PANEL] float32)."""
+    arrays = (panels, x, scale, out)
+    if not all(isinstance(a, numba_types.Array) and a.layout == "C" for a in arrays):
+        return None
+    if panels.dtype not in (numba_types.float32, numba_types.int8) or not all(
+            a.dtype == numba_types.float32 for a in arrays[1:]):
+        return None
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        panels_a, x_a, scale_a, out_a = (context.make_array(t)(context, builder, a)
+                                         for t, a in zip(sig.args[:4], args[:4]))
+        panel_i, row_i, rows_i, ahead_i = args[4:]
+        depth = cgutils.unpack_tuple(builder, x_a.shape)[1]
+        width = cgutils.unpack_tuple(builder, out_a.shape)[1]
+        panel_size = builder.mul(depth, _i64(PANEL))
+        panel_at = builder.gep(panels_a.data, [builder.mul(panel_i, panel_size)])
+        ahead_at = builder.gep(panels_a.data, [builder.mul(ahead_i, panel_size)])
+        x_at = builder.gep(x_a.data, [builder.mul(row_i, depth)])
+        first_channel = builder.mul(panel_i, _i64(PANEL))
+        out_at = builder.gep(out_a.data, [builder.add(builder.mul(row_i, width), first_channel)])
+        scale_at = builder.gep(scale_a.data, [first_channel])
+        scales = [builder.load(_vector_at(builder, scale_at, _i64(j * VECTOR)), align=4)
+                  for j in range(PANEL_VECTORS)]
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
+                                             f"llvm.fma.v{VECTOR}f32")
+        byte_ptr = ir.IntType(8).as_pointer()
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, _I32, _I32, _I32]),
+            "llvm.prefetch.p0i8")
+        read, to_l2, data = ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)
+        sums = [[cgutils.alloca_once(builder, _VEC) for _ in range(PANEL_VECTORS)]
+                for _ in range(TILE_ROWS)]
+
+        # one block of code per tile height, the loop over the input dimension in each
+        done = builder.append_basic_block("tile_done")
+        heights = [builder.append_basic_block(f"tile_{n}_rows") for n in range(1, TILE_ROWS + 1)]
+        switch = builder.switch(rows_i, heights[-1])
+        for n, block in enumerate(heights, start=1):
+            switch.add_case(ir.Constant(rows_i.type, n), block)
+        for n, block in enumerate(heights, start=1):
+            builder.position_at_end(block)
+            for row_sums in sums[:n]:
+                for s in row_sums:
+                    builder.store(ir.Constant(_VEC, [0.0] * VECTOR), s)
+            with cgutils.for_range(builder, depth) as loop:
+                at = builder.mul(loop.index, _i64(PANEL))
+                builder.call(prefetch, [builder.bitcast(builder.gep(ahead_at, [at]), byte_ptr),
+                                        read, to_l2, data])
+                weights = _weights(builder, builder.gep(panel_at, [at]), sig.args[0].dtype)
+                for r, row_sums in enumerate(sums[:n]):
+                    activation = builder.load(builder.gep(x_at, [builder.add(
+                        builder.mul(_i64(r), depth), loop.index)]))
+                    broadcast = _broadcast(builder, activation)
+                    for s, weight in zip(row_sums, weights):
+                        builder.store(builder.call(fma, [broadcast, weight, builder.load(s)]), s)
+            for r, row_sums in enumerate(sums[:n]):
+                out_row = builder.mul(_i64(r), width)
+                for j, s in enumerate(row_sums):
+                    target = _vector_at(builder, out_at, builder.add(out_row, _i64(j * VECTOR)))
+                    builder.store(builder.fmul(builder.load(s), scales[j]), target, align=4)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return numba_types.void(panels, x, scale, out, panel, row, rows, ahead), codegen
+
+
+def _by_panels(panels: np.ndarray, x: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
+    """out [m, count * PANEL] = (x [m, in] . panels) * scale, a panel per parallel task."""
+    rows = x.shape[0]
+    count = panels.shape[0]
+    for panel in numba.prange(count):
+        ahead = min(panel + 1, count - 1)
+        row = 0
+        while row < rows:
+            _tile(panels, x, scale, out, panel, row, min(rows - row, TILE_ROWS), ahead)
+            row += TILE_ROWS
+
+
+_panels = Twins(_by_panels)
+
+
+def by_panels(x: torch.Tensor, weight: Panels) -> torch.Tensor:
+    """x [rows, in] (any float dtype) . the packed weight -> [rows, out] in x's dtype."""
+    floats = x.dtype == torch.float32
+    activations = (x if floats else x.to(torch.float32)).contiguous().numpy()
+    out = np.empty((x.shape[0], weight.scale.shape[0]), np.float32)
+    _panels.run(weight.weights, activations, weight.scale, out)
+    result = torch.from_numpy(out)
+    if weight.channels != out.shape[1]:
+        result = result[:, :weight.channels].contiguous()
+    return result if floats else result.to(x.dtype)
