@@ -1,17 +1,19 @@
 """The fused decode layer computes what the layer computes op by op (torch's norm, products,
 rotary embedding, SDPA over the paged K/V, SiLU), for float32 and int8 weights, serially and in
 parallel; the engine takes it only where it can (CPU float32 activations, one tensor-parallel
-rank). Row-major storage for it: test_linear_kernels.py. Whole models, fused against op by op
-and against transformers: test_model_parity.py."""
+rank). Its panels, packed for every weight: test_linear_kernels.py. Whole models, fused against
+op by op and against transformers: test_model_parity.py."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 
 from shoal.models import fused_decode
+from shoal.models.panel_products import Panels
 
 
 @pytest.fixture
@@ -42,10 +44,14 @@ def test_not_enabled_elsewhere(device: str, dtype: torch.dtype, tp_size: int) ->
     assert not fused_decode.enabled_for(torch.device(device), dtype, tp_size, False)
 
 
-def test_reads_row_major_weights_only() -> None:
-    weight = torch.randn(6, 4)
-    assert fused_decode._Weight.of(weight, None).array.shape == (6, 4)
-    with pytest.raises(ValueError, match="row-major"):
-        fused_decode._Weight.of(weight.t().contiguous().t(), None)
+def test_refuses_a_hidden_size_that_is_not_whole_panels() -> None:
+    """Its outputs are written a panel at a time into the layer's [rows, hidden] buffers."""
+    def panels(out: int, inp: int) -> Panels:
+        return Panels.of(torch.randn(out, inp).numpy())
 
-
+    norm, none = np.ones(24, np.float32), np.zeros(0, np.float32)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fused_decode.FusedLayer(norm, panels(48, 24), none, panels(24, 16), none, norm,
+                                panels(64, 24), panels(24, 32))
+    assert fused_decode.FusedLayer(norm[:16], panels(48, 16), none, panels(16, 16), none,
+                                   norm[:16], panels(64, 16), panels(16, 32))

@@ -123,11 +123,14 @@ def test_bucket_of_a_row_count(rows: int, bucket: int) -> None:
     assert bucket_index(rows) == bucket
 
 
-def test_row_major_chooses_among_row_layouts_only(model: _Tied) -> None:
-    """As the fused decode reads them (`shoal.models.fused_decode`)."""
-    choices = prepare_linears(model, "none", threads=(1, 1), row_major=True)
-    assert {choice.layout for choice in choices.values()} == {"row"}
-    assert all(p.is_contiguous() for p in model.parameters())
+def test_panels_are_packed_for_every_weight_when_asked(model: _Tied) -> None:
+    """As the fused decode reads them (`shoal.models.fused_decode`), whatever kernels won."""
+    prepare_linears(model, "none", threads=(1, 1), panels=True)
+    for layer in (model.embed, model.proj, model.head):
+        assert layer.linear_kernel is not None
+        panels = layer.linear_kernel.stored.panels
+        assert panels is not None and panels.channels == layer.weight.shape[0]
+        assert layer.linear_kernel.packed_bytes >= panels.nbytes
 
 
 def test_float_weights_keep_values_shapes_and_ties(model: _Tied) -> None:

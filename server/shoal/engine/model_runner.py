@@ -68,7 +68,7 @@ class ModelRunner:
         fused = fused_decode.enabled_for(device, dtype, tp.size, quantization != "none")
         prepare_linears(self.model, quantization,
                         None if threads is None else (threads.base, threads.large_forward),
-                        row_major=fused)
+                        panels=fused)
         layer_kernels.prepare(self.model, device, dtype)
         if fused:
             self.model.prepare_fused_decode()

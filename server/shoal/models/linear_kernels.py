@@ -410,13 +410,13 @@ def _check(kernel: Kernel, weight: torch.Tensor, x: torch.Tensor) -> None:
 
 
 def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int] | None = None,
-                    row_major: bool = False) -> dict[tuple[int, int], Choice]:
+                    panels: bool = False) -> dict[tuple[int, int], Choice]:
     """Give every module with a `linear_kernel` attribute (`shoal.models.layers`) the kernel of
     its `weight`: quantized when `quantization` is "w8a16", laid out and computed as measured
-    here for float32 CPU weights (only row-major layouts with `row_major`, as the fused decode
-    reads them). Tied weights share one kernel. `threads`: (base, large forward) torch threads
-    the products will run with (default: the current count). Returns the choice per weight shape
-    [out, in]."""
+    here for float32 CPU weights; with `panels`, every weight's panels are packed too (the fused
+    decode reads them). Tied weights share one kernel. `threads`: (base, large forward) torch
+    threads the products will run with (default: the current count). Returns the choice per
+    weight shape [out, in]."""
     owners = [m for m in model.modules() if hasattr(m, "linear_kernel")]
     params = list({id(m.weight): m.weight for m in owners}.values())
     if not params:
@@ -432,13 +432,16 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
         threadpoolctl.threadpool_limits(1, user_api="blas")
         count = torch.get_num_threads()
         threads = threads or (count, count)
-        choices = {shape: _measured_choice(quantize, shape, bucket_threads(threads), row_major)
+        choices = {shape: _measured_choice(quantize, shape, bucket_threads(threads))
                    for shape in sorted({tuple(p.shape) for p in params})}
     by_name = {k.name: k for k in (*FLOAT_KERNELS, *INT8_KERNELS)}
     stored = _store(params, {id(p): choices[tuple(p.shape)].layout for p in params}, quantize)
     linear_kernels = {id(p): LinearKernel(stored[id(p)], [by_name[name] for name in
                                                           choices[tuple(p.shape)].kernels])
                       for p in params}
+    if panels:
+        for kernel in linear_kernels.values():
+            kernel.stored.pack_panels()
     packed = sum(k.packed_bytes for k in linear_kernels.values())
     if packed:
         logger.info("packed copies of the weights (oneDNN's, panels): %.0f MiB", packed / 2**20)
@@ -453,13 +456,12 @@ def _usable_kernels(quantize: bool) -> tuple[Kernel, ...]:
 
 
 @functools.cache
-def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, ...],
-                     row_major: bool) -> Choice:
+def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, ...]
+                     ) -> Choice:
     """Measured once on this host for each weight shape, thread counts and layouts, and kept
     (`shoal.models.kernel_choices`; a process that loads several models, as the tests do, asks
     once per shape)."""
-    kernels = tuple(k for k in _usable_kernels(quantize)
-                    if not row_major or k.layout in ("row", "int8"))
+    kernels = _usable_kernels(quantize)
     names = tuple(k.name for k in kernels)
     kept_as = kernel_choices.key(quantize, shape, threads, names, TIMED_ROWS)
     kept = _kept_choice(kernel_choices.load(kept_as), kernels)

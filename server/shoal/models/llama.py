@@ -9,6 +9,7 @@ and fused projections in `load_weight`.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol, cast
 
 import torch
@@ -19,7 +20,7 @@ from shoal.models import layer_kernels
 from shoal.models.attention_backend import AttentionBackend
 from shoal.models.config import ModelConfig
 from shoal.models.forward_batch import ForwardBatch
-from shoal.models.fused_decode import MAX_ROWS, FusedDecode, FusedLayer
+from shoal.models.fused_decode import FusedDecode, FusedLayer
 from shoal.models.layers import (
     GateUpParallelLinear,
     ParallelLMHead,
@@ -33,6 +34,8 @@ from shoal.models.layers import (
 )
 from shoal.models.loader import TensorSlice
 from shoal.models.parallel import ParallelGroup
+
+logger = logging.getLogger(__name__)
 
 # checkpoint projection -> (our fused projection, shard)
 _FUSED = {
@@ -110,9 +113,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """`fused_decode`: decode batches of up to `MAX_ROWS` rows run their layers one kernel call
-    each (`shoal.models.fused_decode`, set by `prepare_fused_decode`) where the attention
-    backend lends the K/V in place."""
+    """`fused_decode`: decode batches run their layers one kernel call each
+    (`shoal.models.fused_decode`, set by `prepare_fused_decode`) where the attention backend
+    lends the K/V in place."""
 
     fused_decode: FusedDecode | None = None
 
@@ -151,8 +154,7 @@ class LlamaForCausalLM(nn.Module):
             hidden = self.embed_tokens(batch.input_ids)
         assert hidden is not None, "a stage after the first needs the previous stage's hidden"
         cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
-        paged = (attn.paged_decode()
-                 if self.fused_decode is not None and batch.num_tokens <= MAX_ROWS else None)
+        paged = attn.paged_decode() if self.fused_decode is not None else None
         if paged is not None:
             assert self.fused_decode is not None
             hidden, residual = self.fused_decode.forward(hidden, residual, cos, sin, paged)
@@ -167,10 +169,15 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def prepare_fused_decode(self) -> None:
-        """Run few-row decode steps fused (once the linear kernels are prepared)."""
+        """Run decode steps fused (once the linear kernels are prepared, their panels packed);
+        a model whose shapes the fused decode does not take runs them op by op, logged."""
         first = self.layers[0].self_attn.qkv_proj
-        self.fused_decode = FusedDecode([FusedLayer.of(layer) for layer in self.layers],
-                                        first.num_heads, first.num_kv_heads,
+        try:
+            layers = [FusedLayer.of(layer) for layer in self.layers]
+        except ValueError as e:
+            logger.info("decode runs op by op: %s", e)
+            return
+        self.fused_decode = FusedDecode(layers, first.num_heads, first.num_kv_heads,
                                         self.config.rms_norm_eps)
 
     def load_weight(self, name: str, source: TensorSlice) -> list[str]:

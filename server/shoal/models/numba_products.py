@@ -117,7 +117,7 @@ def four_by_three(x: np.ndarray, w: np.ndarray, n: int, m: int, scale: np.ndarra
                   out: np.ndarray, col: int) -> None:
     """out[m + r, col + c] = (x[m + r] . w[n + c]) * scale[n + c] for r < 3 and c < 4: twelve
     sums, each weight load feeding three and each activation load four (inlined, numba IR, into
-    the kernels that block by it: `by_quads` and the fused decode's products)."""
+    the kernel that blocks by it, `by_quads`)."""
     depth = x.shape[1]
     a0 = np.float32(0.0)
     a1 = np.float32(0.0)

@@ -176,16 +176,24 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
     return numba_types.void(panels, x, scale, out, panel, row, rows, ahead), codegen
 
 
+@numba.njit(inline="always")
+def panel_rows(panels: np.ndarray, x: np.ndarray, scale: np.ndarray, out: np.ndarray,
+               panel: int) -> None:
+    """out[:, panel's channels] = (x . panel) * its scale for every row of x, `TILE_ROWS` at a
+    time (inlined, numba IR, into the kernels that run panels: `by_panels` and the fused
+    decode, each a panel per parallel task)."""
+    rows = x.shape[0]
+    ahead = min(panel + 1, panels.shape[0] - 1)
+    row = 0
+    while row < rows:
+        _tile(panels, x, scale, out, panel, row, min(rows - row, TILE_ROWS), ahead)
+        row += TILE_ROWS
+
+
 def _by_panels(panels: np.ndarray, x: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
     """out [m, count * PANEL] = (x [m, in] . panels) * scale, a panel per parallel task."""
-    rows = x.shape[0]
-    count = panels.shape[0]
-    for panel in numba.prange(count):
-        ahead = min(panel + 1, count - 1)
-        row = 0
-        while row < rows:
-            _tile(panels, x, scale, out, panel, row, min(rows - row, TILE_ROWS), ahead)
-            row += TILE_ROWS
+    for panel in numba.prange(panels.shape[0]):
+        panel_rows(panels, x, scale, out, panel)
 
 
 _panels = Twins(_by_panels)
