@@ -259,7 +259,7 @@ class FusedDecode:
 
 def enabled_for(device: torch.device, dtype: torch.dtype, tp_size: int, quantized: bool
                 ) -> bool:
-    """Whether a model of these settings runs its few-row decode steps fused: CPU float32
+    """Whether a model of these settings runs its decode steps fused: CPU float32
     activations, one tensor-parallel rank, and the kernel runs here."""
     return (device.type == "cpu" and dtype == torch.float32 and tp_size == 1
             and usable(quantized))
