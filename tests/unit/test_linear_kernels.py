@@ -123,16 +123,6 @@ def test_bucket_of_a_row_count(rows: int, bucket: int) -> None:
     assert bucket_index(rows) == bucket
 
 
-def test_panels_are_packed_for_every_weight_when_asked(model: _Tied) -> None:
-    """As the fused decode reads them (`shoal.models.fused_decode`), whatever kernels won."""
-    prepare_linears(model, "none", threads=(1, 1), panels=True)
-    for layer in (model.embed, model.proj, model.head):
-        assert layer.linear_kernel is not None
-        panels = layer.linear_kernel.stored.panels
-        assert panels is not None and panels.channels == layer.weight.shape[0]
-        assert layer.linear_kernel.packed_bytes >= panels.nbytes
-
-
 def test_float_weights_keep_values_shapes_and_ties(model: _Tied) -> None:
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     choices = prepare_linears(model, "none", threads=(1, 1))

@@ -255,12 +255,19 @@ def test_tensor_parallel_matches_single_rank(tiny_model_dirs: dict[str, Path],
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
 def test_fused_decode_matches_the_layers_op_by_op(tiny_model_dirs: dict[str, Path],
                                                   name: str) -> None:
-    """Few-row decode steps run each layer as one kernel call (`shoal.models.fused_decode`) on
-    this CPU float32 runner; five rows of different context lengths (a block of four and one
-    alone in its products) give the logits the layers give op by op, and the same K/V."""
+    """Decode steps run each layer as one kernel call (`shoal.models.fused_decode`) on this CPU
+    float32 runner, reading the layers' panels (packed for it; the LM head's only where one of
+    its own kernels reads them); five rows of different context lengths give the logits the
+    layers give op by op, and the same K/V."""
     runner = _make_runner(tiny_model_dirs[name])
     fused = runner.model.fused_decode
     assert fused is not None
+    for layer in runner.model.layers:
+        assert layer.mlp.down_proj.linear_kernel.stored.panels is not None
+    assert runner.model.lm_head is not None
+    head = runner.model.lm_head.linear_kernel
+    assert head is not None and (head.stored.panels is not None) == any(k.name.endswith("panels")
+                                                   for k in head.kernels)
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [1, *range(40, 60)], [1, 9]]
     driver = _Driver(runner, seed=3)
     requests, logits = driver.prefill(prompts)

@@ -67,8 +67,7 @@ class ModelRunner:
         load_checkpoint(self.model, model_path)
         fused = fused_decode.enabled_for(device, dtype, tp.size, quantization != "none")
         prepare_linears(self.model, quantization,
-                        None if threads is None else (threads.base, threads.large_forward),
-                        panels=fused)
+                        None if threads is None else (threads.base, threads.large_forward))
         layer_kernels.prepare(self.model, device, dtype)
         if fused:
             self.model.prepare_fused_decode()

@@ -409,14 +409,13 @@ def _check(kernel: Kernel, weight: torch.Tensor, x: torch.Tensor) -> None:
 # -- preparing a model ----------------------------------------------------------------------
 
 
-def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int] | None = None,
-                    panels: bool = False) -> dict[tuple[int, int], Choice]:
+def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int] | None = None
+                    ) -> dict[tuple[int, int], Choice]:
     """Give every module with a `linear_kernel` attribute (`shoal.models.layers`) the kernel of
     its `weight`: quantized when `quantization` is "w8a16", laid out and computed as measured
-    here for float32 CPU weights; with `panels`, every weight's panels are packed too (the fused
-    decode reads them). Tied weights share one kernel. `threads`: (base, large forward) torch
-    threads the products will run with (default: the current count). Returns the choice per
-    weight shape [out, in]."""
+    here for float32 CPU weights. Tied weights share one kernel. `threads`: (base, large
+    forward) torch threads the products will run with (default: the current count). Returns the
+    choice per weight shape [out, in]."""
     owners = [m for m in model.modules() if hasattr(m, "linear_kernel")]
     params = list({id(m.weight): m.weight for m in owners}.values())
     if not params:
@@ -439,9 +438,6 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
     linear_kernels = {id(p): LinearKernel(stored[id(p)], [by_name[name] for name in
                                                           choices[tuple(p.shape)].kernels])
                       for p in params}
-    if panels:
-        for kernel in linear_kernels.values():
-            kernel.stored.pack_panels()
     packed = sum(k.packed_bytes for k in linear_kernels.values())
     if packed:
         logger.info("packed copies of the weights (oneDNN's, panels): %.0f MiB", packed / 2**20)

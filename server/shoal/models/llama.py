@@ -177,6 +177,9 @@ class LlamaForCausalLM(nn.Module):
         except ValueError as e:
             logger.info("decode runs op by op: %s", e)
             return
+        panels = sum(w.nbytes for layer in layers
+                     for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        logger.info("fused decode on the layers' panels: %.0f MiB", panels / 2**20)
         self.fused_decode = FusedDecode(layers, first.num_heads, first.num_kv_heads,
                                         self.config.rms_norm_eps)
 
