@@ -189,8 +189,8 @@ def test_llama_cpp_runs_one_thread_per_core_and_tries_one_fewer() -> None:
 
 
 def test_kv_pool_holds_twice_the_largest_workload() -> None:
-    assert SuiteConfig().kv_tokens == 36864  # 2 x 16 x (1024 + 32 + 16) + 2 x 1024
-    assert SuiteConfig(concurrencies=(64,), extra_shapes=()).kv_tokens == 36864
+    assert SuiteConfig().kv_tokens == 73728  # 2 x 16 x (2048 + 32 + 16) + 2 x 2048, rounded up
+    assert SuiteConfig(concurrencies=(64,), extra_shapes=()).kv_tokens == 73728
     assert SuiteConfig(concurrencies=(128,), shared_shapes=((64, 8),)).kv_tokens == 2 * 128 * 192
 
 

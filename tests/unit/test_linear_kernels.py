@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -165,9 +167,10 @@ def test_a_packed_kernel_packs_its_weight_at_load_and_counts_the_copy(kernel: Ke
 
 
 @pytest.mark.parametrize("channels", [16, 40, 96])
-@pytest.mark.parametrize("rows", [2, 6, 7, 13, 300])
+@pytest.mark.parametrize("rows", [2, 6, 7, 13, 24, 25, 300])
 def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: int) -> None:
-    """Tiles of one to six rows, panels of sixteen channels (the last one padded)."""
+    """Tiles of one to `TILE_ROWS` rows (six with AVX2, 24 with AVX-512: this host's build),
+    panels of sixteen channels (the last one padded)."""
     weight = torch.randn(channels, 40)
     x = torch.randn(rows, 40)
     got = panel_products.by_panels(x, Panels.of(weight.numpy()))
@@ -176,6 +179,30 @@ def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: 
     q, scale = quantize_per_channel(weight)
     torch.testing.assert_close(panel_products.by_panels(x, Panels.of(q.numpy(), scale.numpy())),
                                F.linear(x, q.float() * scale[:, None]), rtol=1e-5, atol=1e-5)
+
+
+_AVX2_BUILD = """
+import torch, torch.nn.functional as F
+from shoal.models import fused_decode, panel_products
+from shoal.models.panel_products import Panels
+assert (panel_products.VECTOR, panel_products.TILE_ROWS) == (8, 6)
+weight = torch.randn(40, 40)
+for rows in (5, 6, 13):
+    x = torch.randn(rows, 40)
+    torch.testing.assert_close(panel_products.by_panels(x, Panels.of(weight.numpy())),
+                               F.linear(x, weight), rtol=1e-5, atol=1e-5)
+assert fused_decode._agrees(False) and fused_decode._agrees(True)
+"""
+
+
+def test_the_avx2_tile_computes_on_any_host() -> None:
+    """numba told the target is an AVX2 CPU builds the six-row tile of two vectors (what an
+    AVX-512 host, where this suite may run, would not build), and it computes the products and
+    the fused layer."""
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}
+    done = subprocess.run([sys.executable, "-c", _AVX2_BUILD], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("kernel", INT8_KERNELS, ids=lambda k: k.name)

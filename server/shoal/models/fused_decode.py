@@ -16,8 +16,8 @@ its own that vectorizes.
 The products read each weight's panels (`shoal.models.panel_products`, the copy packed at load
 for the panel kernels: float32 or int8 with a float32 scale per channel; at every row count from
 one, as fast as or faster than shoal's other kernels on the row-major weight), in tiles of up to
-six rows. Prefill chunks, tensor parallelism and anything not float32 on the CPU run the layers
-op by op. The kernel sums in another order than torch, as every float32 kernel of the engine
+six rows with AVX2, 24 with AVX-512. Prefill chunks, tensor parallelism and anything not
+float32 on the CPU run the layers op by op. The kernel sums in another order than torch, as every float32 kernel of the engine
 may.
 
 Compiled by numba (`shoal.models.numba_kernels`: serial and parallel builds, cached; ~15-30 s
@@ -41,7 +41,7 @@ from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.layers import apply_rotary
 from shoal.models.linear_kernels import LinearKernel
 from shoal.models.numba_kernels import Twins, exp_in_place, prefetch_ahead
-from shoal.models.panel_products import PANEL, Panels, panel_rows
+from shoal.models.panel_products import PANEL, TILE_ROWS, Panels, panel_rows
 from shoal.models.quantization import dequantize, quantize_per_channel
 
 # The probe child's limit: its serial build compiles in ~10-30 s the first time on two cores
@@ -300,13 +300,14 @@ def _agrees(quantized: bool) -> bool:
     layer = FusedLayer(norm1.numpy(), qkv, qkv_bias.numpy(), o, o_bias.numpy(), norm2.numpy(),
                        gate_up, down)
 
-    # eight rows: a tile of six and one of two; q/k/v and gate / up not a whole number of
-    # panels (their outputs padded)
-    slots, count = 160, 8
+    # a whole tile of rows and two more; requests in another order than the rows, contexts of 1
+    # to 12 tokens; q/k/v and gate / up not a whole number of panels (their outputs padded)
+    count = TILE_ROWS + 2
+    requests, slots = count + 2, (count + 2) * 12 + 40
     k_pool, v_pool = randn(slots, kv_heads, dim), randn(slots, kv_heads, dim)
-    table = torch.randperm(slots, generator=gen)[:120].view(10, 12)
-    rows = torch.tensor([2, 0, 5, 1, 3, 9, 7, 8])
-    seq_lens = torch.tensor([12, 5, 1, 9, 7, 12, 2, 3])
+    table = torch.randperm(slots, generator=gen)[:requests * 12].view(requests, 12)
+    rows = torch.randperm(requests, generator=gen)[:count]
+    seq_lens = torch.randint(1, 13, (count,), generator=gen)
     out_cache_loc = table[rows, seq_lens - 1]
     hidden, residual = randn(count, size), randn(count, size)
     angles = (seq_lens - 1)[:, None].float() * torch.tensor([1.0, 0.1, 0.01, 0.001])

@@ -8,8 +8,9 @@ kernel such libraries use for large products, sized for these: the weight [out, 
 once, at load, into panels of `PANEL` output channels, each panel [in, PANEL] so that one step
 over the input dimension reads `PANEL` consecutive weights; a tile of up to `TILE_ROWS` rows
 keeps its `TILE_ROWS` x `PANEL` sums in registers, and each step broadcasts one activation per row
-and multiplies it with the panel's step (two vectors of eight), `TILE_ROWS` x 2 vector
-multiply-adds for two vector loads and `TILE_ROWS` broadcasts. No sum needs a horizontal add,
+and multiplies it with the panel's step (two vectors of eight with AVX2, one of sixteen with
+AVX-512), `TILE_ROWS` x `PANEL_VECTORS` vector multiply-adds for `PANEL_VECTORS` vector loads
+and `TILE_ROWS` broadcasts. No sum needs a horizontal add,
 and while a tile runs, the same thread's next panel is fetched from memory ahead of its use.
 
 The tile is written in LLVM IR (`_tile`, a numba intrinsic): numba's loops do not keep a block of
@@ -28,6 +29,7 @@ from typing import Any
 import numba
 import numpy as np
 import torch
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba.core import cgutils
 from numba.core import types as numba_types
@@ -35,12 +37,25 @@ from numba.extending import intrinsic
 
 from shoal.models.numba_kernels import Twins
 
-# Floats of one vector register (AVX2's 256 bits), vectors a panel is wide, and rows a tile
-# holds: 6 x 2 sums, two weight vectors and a broadcast fill 15 of AVX2's 16 vector registers.
-VECTOR = 8
-PANEL_VECTORS = 2
-PANEL = VECTOR * PANEL_VECTORS
-TILE_ROWS = 6
+
+
+def _has_avx512() -> bool:
+    """Whether numba compiles for AVX-512: the host's features, or NUMBA_CPU_FEATURES where
+    set (as numba takes them)."""
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        return bool(llvm.get_host_cpu_features().get("avx512f"))
+    return "+avx512f" in features.split(",")
+
+
+# A panel is PANEL output channels wide: PANEL_VECTORS vector registers of VECTOR floats. With
+# AVX2, 6 x 2 sums, two weight vectors and a broadcast fill 15 of its 16 256-bit registers; with
+# AVX-512 a panel is one register, and 24 rows' sums and the weight vector fit in its 32 (each
+# broadcast a memory operand of its multiply-add). On a 2-core Intel Xeon with AVX-512, 16-64
+# rows ran 1.4-1.6x faster with AVX-512's tile than with AVX2's (docs/benchmarks.md).
+PANEL = 16
+VECTOR, TILE_ROWS = (16, 24) if _has_avx512() else (8, 6)
+PANEL_VECTORS = PANEL // VECTOR
 
 
 @dataclass(frozen=True)
