@@ -200,8 +200,8 @@ def test_the_avx2_tile_computes_on_any_host() -> None:
     AVX-512 host, where this suite may run, would not build), and it computes the products and
     the fused layer."""
     env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}
-    done = subprocess.run([sys.executable, "-c", _AVX2_BUILD], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", _AVX2_BUILD], check=False, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
 
 

@@ -17,8 +17,8 @@ The products read each weight's panels (`shoal.models.panel_products`, the copy 
 for the panel kernels: float32 or int8 with a float32 scale per channel; at every row count from
 one, as fast as or faster than shoal's other kernels on the row-major weight), in tiles of up to
 six rows with AVX2, 24 with AVX-512. Prefill chunks, tensor parallelism and anything not
-float32 on the CPU run the layers op by op. The kernel sums in another order than torch, as every float32 kernel of the engine
-may.
+float32 on the CPU run the layers op by op. The kernel sums in another order than torch, as
+every float32 kernel of the engine may.
 
 Compiled by numba (`shoal.models.numba_kernels`: serial and parallel builds, cached; ~15-30 s
 the first time on two cores). `enabled_for` says where the engine uses it: where its serial build

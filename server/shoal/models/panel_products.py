@@ -38,7 +38,6 @@ from numba.extending import intrinsic
 from shoal.models.numba_kernels import Twins
 
 
-
 def _has_avx512() -> bool:
     """Whether numba compiles for AVX-512: the host's features, or NUMBA_CPU_FEATURES where
     set (as numba takes them)."""
