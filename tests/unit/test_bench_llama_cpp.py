@@ -73,7 +73,9 @@ def test_server_has_one_slot_per_request_in_flight_and_continuous_batching() -> 
     assert opt["-m"] == "/m.gguf" and opt["--host"] == "127.0.0.1" and opt["--port"] == "8123"
     assert opt["-np"] == "32" and opt["-c"] == str(32 * 768)
     assert opt["-t"] == "1" and opt["-tb"] == "2"
-    assert "--cont-batching" in argv
+    assert "--cont-batching" in argv and "--no-repack" not in argv
+    assert llama_cpp.server_argv(Path("/b"), Path("/m.gguf"), 1, 1, 1, 1, 10,
+                                 repack=False)[-1] == "--no-repack"
 
 
 def test_commands_are_shown_as_typed() -> None:

@@ -3,7 +3,9 @@ results."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from shoal.bench.suite_runs import (
     SuiteConfig,
     SuiteResults,
 )
+from shoal.ports import free_port
 
 CFG = SuiteConfig(concurrencies=(1, 32), extra_shapes=((150, 64),), int8_concurrencies=(1, 32),
                   shared_shapes=((1024, 32), (512, 64)))
@@ -189,8 +192,8 @@ def test_llama_cpp_runs_one_thread_per_core_and_tries_one_fewer() -> None:
 
 
 def test_kv_pool_holds_twice_the_largest_workload() -> None:
-    assert SuiteConfig().kv_tokens == 73728  # 2 x 16 x (2048 + 32 + 16) + 2 x 2048, rounded up
-    assert SuiteConfig(concurrencies=(64,), extra_shapes=()).kv_tokens == 73728
+    assert SuiteConfig().kv_tokens == 36864  # 2 x 16 x (1024 + 32 + 16) + 2 x 1024
+    assert SuiteConfig(concurrencies=(64,), extra_shapes=()).kv_tokens == 36864
     assert SuiteConfig(concurrencies=(128,), shared_shapes=((64, 8),)).kv_tokens == 2 * 128 * 192
 
 
@@ -287,7 +290,7 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     monkeypatch.setattr(suite, "forward_run", fake_run)
     monkeypatch.setattr(suite, "shoal_server", lambda _dir, name, *flags: fake_server(name))
     monkeypatch.setattr(suite, "transformers_server", lambda name, *rest: fake_server(name))
-    monkeypatch.setattr(suite, "llama_server", lambda name, *rest: fake_server(name))
+    monkeypatch.setattr(suite, "llama_server", lambda name, *rest, **_: fake_server(name))
     monkeypatch.setattr(suite.Suite, "generate", lambda self: None)
     monkeypatch.setattr(suite.Suite, "llama_ggufs", lambda self: (Path("f32"), Path("q8")))
     monkeypatch.setattr(suite.httpx, "post", lambda *a, **k: type("R", (), {"status_code": 200}))
@@ -321,3 +324,44 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started or os.cpu_count() != 2
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
     assert phases == [5, 11, 14, 14, 14]  # after each concurrency, no-radix, the trials
+
+
+_LLAMA_STAND_IN = """
+import http.server, os, signal, sys
+if sys.argv[2] == "exit":
+    sys.exit(1)
+if "--no-repack" not in sys.argv:
+    os.kill(os.getpid(), signal.SIGILL)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_a_llama_server_killed_by_an_illegal_instruction_runs_again_without_repacking(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's AMX Q8_0 kernel raised SIGILL while loading on a Xeon: that GGUF's servers
+    run with --no-repack from then on, the change recorded; a server that exits otherwise is not
+    started again."""
+    def stand_in(name: str, _bin: Path, gguf: Path, *rest: Any, repack: bool = True) -> Server:
+        port = free_port()
+        how = "exit" if gguf == Path("f32") else "sigill"
+        argv = [sys.executable, "-c", _LLAMA_STAND_IN, str(port), how,
+                *([] if repack else ["--no-repack"])]
+        return Server(name, argv, {}, f"http://127.0.0.1:{port}", tmp_path / f"{name}.log")
+
+    monkeypatch.setattr(suite, "llama_server", stand_in)
+    run_ = suite.Suite(SuiteConfig(), tmp_path, Path("bin"))
+    with contextlib.ExitStack() as stack:
+        q8 = run_.llama_phase_server(stack, LLAMA_Q8, Path("q8"), 1, [(MAIN, 1)])
+        assert q8 is not None and q8.alive() and q8.argv[-1] == "--no-repack"
+        assert run_.llama_phase_server(stack, LLAMA_Q8, Path("q8"), 1, [(MAIN, 1)]) is not None
+        assert run_.llama_phase_server(stack, LLAMA_F32, Path("f32"), 1, [(MAIN, 1)]) is None
+    assert run_.no_repack == {Path("q8")}
+    # Q8_0's death and the note, then F32's death (not retried)
+    assert len(run_.res.errors) == 3 and "--no-repack from here on" in run_.res.errors[1]
+    assert not q8.alive()

@@ -50,12 +50,12 @@ def slot_context(max_tokens: int) -> int:
 
 
 def server_argv(bin_dir: Path, gguf: Path, port: int, parallel: int, threads: int,
-                threads_batch: int, max_tokens: int) -> list[str]:
+                threads_batch: int, max_tokens: int, repack: bool = True) -> list[str]:
     """`llama-server` with continuous batching and one slot per request in flight; `-c` is the
     whole KV cache, split evenly between the slots; `-t` threads generate, `-tb` process
-    prompts."""
+    prompts; `repack` False: `--no-repack`, its weights left as the GGUF holds them."""
     return [str(bin_dir / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1",
             "--port", str(port), "-np", str(parallel),
             "-c", str(parallel * slot_context(max_tokens)), "-t", str(threads),
             "-tb", str(threads_batch), "--cont-batching", "--no-webui",
-            "--alias", model_store.DEFAULT_MODEL]
+            "--alias", model_store.DEFAULT_MODEL, *([] if repack else ["--no-repack"])]

@@ -92,8 +92,8 @@ def transformers_server(name: str, model_path: str, threads: int, log_dir: Path)
 
 
 def llama_server(name: str, bin_dir: Path, gguf: Path, parallel: int, threads: int,
-                 max_tokens: int, log_dir: Path) -> Server:
+                 max_tokens: int, log_dir: Path, repack: bool = True) -> Server:
     port = free_port()
     argv = llama_cpp.server_argv(bin_dir, gguf, port, parallel, threads, os.cpu_count() or 1,
-                                 max_tokens)
+                                 max_tokens, repack)
     return Server(name, argv, {}, f"http://127.0.0.1:{port}", log_dir / f"{_slug(name)}.log")

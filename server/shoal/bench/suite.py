@@ -32,6 +32,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,6 +123,7 @@ class Suite:
         self.kv = ("--max-total-tokens", str(cfg.kv_tokens))
         self.up: dict[str, Server] = {}
         self.failed: set[str] = set()
+        self.no_repack: set[Path] = set()  # GGUFs whose llama-server runs with --no-repack
 
     def progress(self) -> None:
         if self.on_progress is not None:
@@ -228,10 +230,10 @@ class Suite:
         with contextlib.ExitStack() as phase_servers:
             f32 = q8 = None
             if llama is not None and work:
-                f32 = self.phase_server(phase_servers, self.llama(LLAMA_F32, llama[0], c, work))
+                f32 = self.llama_phase_server(phase_servers, LLAMA_F32, llama[0], c, work)
             if llama is not None and int8:
-                q8 = self.phase_server(phase_servers,
-                                       self.llama(LLAMA_Q8, llama[1], c, [(cfg.shape, c)]))
+                q8 = self.llama_phase_server(phase_servers, LLAMA_Q8, llama[1], c,
+                                             [(cfg.shape, c)])
             for round_ in range(cfg.rounds):
                 if shoal is not None:
                     self.random(SHOAL, shoal, cfg.shape, c, round_)
@@ -300,7 +302,23 @@ class Suite:
         assert self.llama_bin is not None
         threads = threads or self.llama_threads
         return llama_server(f"{system} -np {concurrency} -t {threads}", self.llama_bin, gguf,
-                            concurrency, threads, max(i + o for (i, o), _ in work), self.results)
+                            concurrency, threads, max(i + o for (i, o), _ in work), self.results,
+                            repack=gguf not in self.no_repack)
+
+    def llama_phase_server(self, stack: contextlib.ExitStack, system: str, gguf: Path,
+                           concurrency: int, work: list[tuple[Shape, int]]) -> Server | None:
+        """`llama` started until `stack` closes; None if it would not start. A build whose
+        repacked-weight kernels hit an illegal instruction at load (llama.cpp's AMX Q8_0 kernel
+        did on a 2-core Xeon whose AMX runs) is started again with `--no-repack`, and that GGUF
+        keeps it for the rest of the run (recorded under the report's failures)."""
+        server = self.llama(system, gguf, concurrency, work)
+        started = self.phase_server(stack, server)
+        if started is not None or server.exit_code() != -signal.SIGILL or gguf in self.no_repack:
+            return started
+        self.no_repack.add(gguf)
+        self.res.errors.append(f"{system}: an illegal instruction while loading; this GGUF's "
+                               f"llama-server runs with --no-repack from here on")
+        return self.phase_server(stack, self.llama(system, gguf, concurrency, work))
 
     def llama_trial(self, gguf: Path, concurrency: int, threads: int) -> None:
         """llama.cpp F32 on another thread count, the main shape at `concurrency`."""

@@ -40,8 +40,7 @@ class SuiteConfig:
     int8_concurrencies: tuple[int, ...] = (1, 16, 32)
     min_prompts: int = 4           # num_prompts at concurrency c = max(min_prompts, c * waves)
     waves: int = 1
-    # (prefix, suffix) tokens: a long system prompt and a short turn, down to a short prefix
-    shared_shapes: tuple[Shape, ...] = ((2048, 32), (1024, 32), (512, 64))
+    shared_shapes: tuple[Shape, ...] = ((1024, 32), (512, 64))  # (prefix, suffix) tokens
     shared_num_prompts: int = 64
     shared_output_len: int = 16
     shared_concurrency: int = 16
