@@ -4,6 +4,7 @@ results."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -87,8 +88,8 @@ def test_every_issue_criterion_is_checked_and_passes_on_good_numbers() -> None:
     assert all(verdict == "PASS" for _, verdict in crit.values()), crit
     ratios = [r for r, _ in crit.values()]
     assert ratios[:5] == pytest.approx([40 / 35, 300 / 180, 1100 / 1000, 80 / 40, 80 / 60])
-    assert len(crit) == 13  # 1: c1, c32, TTFT; 2: int8/f32, int8/Q8 x2; 4: 2 shapes vs
-    # transformers, ceiling, 2 shared-prefix shapes; single stream; clean runs
+    assert len(crit) == 14  # 1: c1, c32, TTFT; 2: int8/f32, int8/Q8 x2; 4: 2 shapes vs
+    # transformers, ceiling, 2 shared-prefix shapes and how many pass; single stream; clean runs
 
 
 def test_targets_fail_where_the_issue_draws_the_line() -> None:
@@ -104,7 +105,24 @@ def test_targets_fail_where_the_issue_draws_the_line() -> None:
         "4. 150 in / 64 out, concurrency 32: shoal / transformers serve CB",  # 1.98
         "4. shoal at concurrency 32 / bare forward at batch 32",  # 260 / 330 = 0.79
         "4. shared prefix 1024 + suffix 32: mean TTFT without / with the radix cache",
-        "4. shared prefix 512 + suffix 64: mean TTFT without / with the radix cache"}
+        "4. shared prefix 512 + suffix 64: mean TTFT without / with the radix cache",
+        "4. shared-prefix shapes with a 4x TTFT from the radix cache"}
+
+
+def test_the_radix_cache_must_give_its_4x_on_more_than_one_shape() -> None:
+    """Each shape's ratio is listed with its own verdict; the criterion is how many reach 4x."""
+    shapes = ((2048, 32), (1024, 32), (512, 64))
+    cfg = dataclasses.replace(CFG, shared_shapes=shapes)
+    summary = "4. shared-prefix shapes with a 4x TTFT from the radix cache"
+    for off_ms, passing in (((15000.0, 8000.0, 3000.0), 2), ((15000.0, 3900.0, 3000.0), 1)):
+        res = results()
+        for shape, off in zip(shapes, off_ms, strict=True):
+            res.shared[(True, shape)] = run(f"radix-{shape}", serving(5.0, ttft_ms=1000.0))
+            res.shared[(False, shape)] = run(f"no-radix-{shape}", serving(5.0, ttft_ms=off))
+        crit = by_name(cfg, res)
+        assert crit["4. shared prefix 512 + suffix 64: mean TTFT without / with the radix "
+                    "cache"] == (3.0, "FAIL")
+        assert crit[summary] == (float(passing), "PASS" if passing >= 2 else "FAIL")
 
 
 def test_a_failed_run_makes_its_criterion_unavailable_and_the_clean_check_fail() -> None:
@@ -192,9 +210,11 @@ def test_llama_cpp_runs_one_thread_per_core_and_tries_one_fewer() -> None:
 
 
 def test_kv_pool_holds_twice_the_largest_workload() -> None:
-    assert SuiteConfig().kv_tokens == 36864  # 2 x 16 x (1024 + 32 + 16) + 2 x 1024
-    assert SuiteConfig(concurrencies=(64,), extra_shapes=()).kv_tokens == 36864
+    assert SuiteConfig().kv_tokens == 36864  # 2 x 32 x (512 + 32), in pages of 4096
+    assert SuiteConfig(concurrencies=(64,), extra_shapes=()).kv_tokens == 2 * 64 * 192
     assert SuiteConfig(concurrencies=(128,), shared_shapes=((64, 8),)).kv_tokens == 2 * 128 * 192
+    assert SuiteConfig().shared_kv_tokens == 73728  # 2 x (16 x (2048 + 32 + 16) + 2048)
+    assert SuiteConfig(shared_shapes=((512, 64),)).shared_kv_tokens == 20480
 
 
 def test_phases_measure_what_the_ratios_read_first() -> None:
@@ -288,7 +308,9 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
 
     monkeypatch.setattr(suite, "serving_run", fake_run)
     monkeypatch.setattr(suite, "forward_run", fake_run)
-    monkeypatch.setattr(suite, "shoal_server", lambda _dir, name, *flags: fake_server(name))
+    flags: dict[str, tuple[str, ...]] = {}
+    monkeypatch.setattr(suite, "shoal_server", lambda _dir, name, *given: (
+        flags.setdefault(name, given), fake_server(name))[1])
     monkeypatch.setattr(suite, "transformers_server", lambda name, *rest: fake_server(name))
     monkeypatch.setattr(suite, "llama_server", lambda name, *rest, **_: fake_server(name))
     monkeypatch.setattr(suite.Suite, "generate", lambda self: None)
@@ -324,6 +346,12 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started or os.cpu_count() != 2
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
     assert phases == [5, 11, 14, 14, 14]  # after each concurrency, no-radix, the trials
+    # the shared-prefix servers come last, alone, with a KV pool sized for their shapes
+    shared_kv = ("--max-total-tokens", str(cfg.shared_kv_tokens))
+    assert flags["shoal shared prefix"] == shared_kv
+    assert flags["shoal shared prefix --disable-radix-cache"] == (*shared_kv,
+                                                                  "--disable-radix-cache")
+    assert flags[SHOAL] == ("--max-total-tokens", str(cfg.kv_tokens))
 
 
 _LLAMA_STAND_IN = """

@@ -13,8 +13,9 @@ One run on one machine, the same workload for everyone:
        30-50% between minutes); then at the ratio concurrency the other random shapes on shoal
        and llama.cpp F32 once, and `transformers serve --continuous-batching` once on every
        workload of the phase;
-    3. the shared-prefix dataset at each prefix/suffix shape on shoal (cache flushed first), then
-       on `shoal serve --disable-radix-cache`;
+    3. once every other server has stopped, the shared-prefix dataset at each prefix/suffix
+       shape on a shoal server of its own (cache flushed first), then on one with
+       `--disable-radix-cache` (both with a KV pool sized for these shapes);
     4. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
 Writes docs/benchmarks.md (from its section "Where the time goes" to the end, an existing file
@@ -198,16 +199,16 @@ class Suite:
             for c in cfg.phase_order():
                 self.phase(c, llama)
                 self.progress()
-            shoal = self.server(lambda: shoal_server(self.results, SHOAL, *self.kv))
-            if shoal is not None:
-                for shape in cfg.shared_shapes:
-                    self.shared_prefix(shoal, shape, radix=True)
         finally:
             for server in self.up.values():
                 server.stop()
             self.up.clear()
-        self.serve(shoal_server(self.results, f"{SHOAL} --disable-radix-cache", *self.kv,
-                                "--disable-radix-cache"), self.no_radix_body)
+        shared_kv = ("--max-total-tokens", str(cfg.shared_kv_tokens))
+        self.serve(shoal_server(self.results, f"{SHOAL} shared prefix", *shared_kv),
+                   self.shared_prefixes(radix=True))
+        self.serve(shoal_server(self.results, f"{SHOAL} shared prefix --disable-radix-cache",
+                                *shared_kv, "--disable-radix-cache"),
+                   self.shared_prefixes(radix=False))
         self.progress()
         if llama is not None:
             for t in cfg.llama_thread_trials(os.cpu_count() or 1):
@@ -267,9 +268,12 @@ class Suite:
                 "--repeats", str(cfg.generate_repeats), "--seed", str(cfg.seed),
                 "--output-file", str(out)], out).execute())
 
-    def no_radix_body(self, server: Server) -> None:
-        for shape in self.cfg.shared_shapes:
-            self.shared_prefix(server, shape, radix=False)
+    def shared_prefixes(self, radix: bool) -> Callable[[Server], None]:
+        """Every shared-prefix shape, on a server of its own (its KV pool sized for them)."""
+        def body(server: Server) -> None:
+            for shape in self.cfg.shared_shapes:
+                self.shared_prefix(server, shape, radix)
+        return body
 
     def shared_prefix(self, server: Server, shape: Shape, radix: bool) -> None:
         if radix:
