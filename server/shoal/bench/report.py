@@ -116,10 +116,10 @@ def _workload(cfg: SuiteConfig) -> list[str]:
         f"tokens, concurrency {cfg.shared_concurrency}, with and without "
         f"`--disable-radix-cache`. The cache starts cold (`/flush_cache`, and the warmup "
         f"request shares no prefix with the dataset), so the first wave pays the prefix.",
-        f"- bare forward: `shoal bench forward` at batch = concurrency, KV context "
-        f"{cfg.forward_context_len} tokens (the mean context of a main-shape request while it "
-        f"decodes), {cfg.forward_steps} timed steps, right after each of shoal's serving runs "
-        f"at that concurrency (the server up and idle).",
+        f"- bare forward: `shoal bench forward` at batch = concurrency, from a KV context of "
+        f"{cfg.forward_context_len} tokens, {cfg.forward_steps} timed steps (a main-shape "
+        f"request's decode: its contexts, about its length), right after each of shoal's "
+        f"serving runs at that concurrency (the server up and idle).",
         f"- rounds: at each concurrency the main-shape runs of shoal (with its bare forward), "
         f"llama.cpp F32 and, at the int8 concurrencies, shoal w8a16 and llama.cpp Q8_0 are "
         f"repeated {cfg.rounds} times in turns, each round on its own prompts; the other shapes "

@@ -29,9 +29,9 @@ SYSTEMS = (SHOAL, SHOAL_INT8, LLAMA_F32, LLAMA_Q8, TRANSFORMERS)
 class SuiteConfig:
     """The full run takes ~50 minutes on 2 cores (49 on 2026-12-05, three rounds; shoal at
     concurrency 64 ~30 s a round, transformers serve ~235 s; the shared prefix without the radix
-    cache prefills 64 x 1056 tokens, ~2.5 min, and 64 x 2080, ~5 min). Output >> input keeps the main random workload
-    decode-bound, which is what the bare-forward ceiling measures; `extra_shapes` are measured at
-    `ratio_concurrency` only."""
+    cache prefills 64 x 1056 tokens, ~2.5 min, and 64 x 2080, ~5 min). Output >> input keeps
+    the main random workload decode-bound, which is what the bare-forward ceiling measures;
+    `extra_shapes` are measured at `ratio_concurrency` only."""
 
     concurrencies: tuple[int, ...] = (1, 4, 16, 32, 64)
     input_len: int = 64
@@ -45,7 +45,6 @@ class SuiteConfig:
     shared_num_prompts: int = 64
     shared_output_len: int = 16
     shared_concurrency: int = 16
-    forward_steps: int = 16
     generate_repeats: int = 2
     ratio_concurrency: int = 32    # the shape comparisons and the ceiling are read here
     # head-to-head rounds per concurrency (`rounds` in SuiteResults): the runs a ratio compares
@@ -130,8 +129,16 @@ class SuiteConfig:
 
     @property
     def forward_context_len(self) -> int:
-        """The mean KV context of a main-shape request while it decodes."""
-        return self.input_len + self.output_len // 2
+        """The bare forward starts where a main-shape request's decode starts: at its prompt."""
+        return self.input_len
+
+    @property
+    def forward_steps(self) -> int:
+        """... and takes as many steps as that decode (prefill gives the first output token):
+        the contexts of a served run and about its length, so that a pause of this shared host
+        weighs on both alike (16 steps at the mean context, ~1.6 s at 32 rows, once measured a
+        round's ratio of 8)."""
+        return max(1, self.output_len - 1)
 
 
 def _twice_in_pages(tokens: int) -> int:
@@ -142,7 +149,7 @@ QUICK: dict[str, Any] = {
     "concurrencies": (1, 4, 32), "input_len": 32, "output_len": 16,
     "extra_shapes": ((48, 8), (128, 4)), "int8_concurrencies": (1, 4), "min_prompts": 2,
     "shared_shapes": ((256, 16), (128, 32)), "shared_num_prompts": 16, "shared_output_len": 4,
-    "shared_concurrency": 4, "forward_steps": 4, "generate_repeats": 1, "rounds": 2,
+    "shared_concurrency": 4, "generate_repeats": 1, "rounds": 2,
     "quick": True}
 
 
