@@ -48,6 +48,25 @@ def test_the_key_names_quantization_shape_threads_candidates_and_timed_rows() ->
     assert kernel_choices.key(*base) == kernel_choices.key(*base)
 
 
+def test_the_key_names_the_source_of_shoals_kernels(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A choice kept by one build of the kernels is not read back by another."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kernel = tmp_path / "kernel_under_test.py"
+    kernel.write_text("ROWS = 8\n")
+    before = kernel_choices.sources_digest(("kernel_under_test",))
+    kernel.write_text("ROWS = 16\n")
+    assert kernel_choices.sources_digest(("kernel_under_test",)) != before
+    assert "panel_products" in " ".join(kernel_choices.KERNEL_MODULES)
+    kernel_choices._host.cache_clear()
+    monkeypatch.setattr(kernel_choices, "KERNEL_MODULES", ("kernel_under_test",))
+    newer = kernel_choices.key(False, (96, 48), (1, 2), ("a",), ROWS)
+    kernel.write_text("ROWS = 8\n")
+    kernel_choices._host.cache_clear()
+    assert kernel_choices.key(False, (96, 48), (1, 2), ("a",), ROWS) != newer
+    kernel_choices._host.cache_clear()
+
+
 @pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"k": ["col", "x"]}',
                                   '{"k": [1, ["a"]]}'])
 def test_a_malformed_file_or_entry_reads_as_none(cache_dir: Path, text: str) -> None:

@@ -4,7 +4,8 @@ Timing every candidate for each weight shape takes a few seconds of every rank's
 (`shoal.models.linear_kernels`), and two loads of one model may choose differently within this
 host's noise. The choice depends on the host and the software, so it is kept under a key that
 names both: the CPU (model name and instruction-set flags), the logical CPU count, the versions
-of torch, numpy and numba, the candidates that ran here, the row counts they were timed at,
+of torch, numpy and numba, a digest of shoal's own kernel sources (an upgrade that changes a
+kernel measures again), the candidates that ran here, the row counts they were timed at,
 the quantization, the weight shape and the thread counts. The file is `kernel-choices.json` in
 shoal's cache directory (`SHOAL_CACHE_DIR`); delete it to measure again. Where it cannot be read
 or written, every load measures.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -35,10 +37,26 @@ FILE_NAME = "kernel-choices.json"
 Entry = tuple[str, tuple[str, ...]]
 
 
+# shoal's modules whose code the timed kernels are (or run them)
+KERNEL_MODULES = ("shoal.models.linear_kernels", "shoal.models.numba_products",
+                  "shoal.models.panel_products")
+
+
+def sources_digest(modules: tuple[str, ...]) -> str:
+    """sha256 of the source files of `modules`, in order."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        digest.update(Path(spec.origin).read_bytes())
+    return digest.hexdigest()
+
+
 @functools.cache
 def _host() -> str:
     """The CPU model and flags (Linux's /proc/cpuinfo, else the platform's name for it), the
-    logical CPU count and the versions of the libraries whose kernels are timed."""
+    logical CPU count, the versions of the libraries whose kernels are timed and the digest of
+    shoal's kernel sources."""
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
@@ -48,7 +66,7 @@ def _host() -> str:
     except OSError:
         pass
     return json.dumps([cpu, os.cpu_count(), torch.__version__, np.__version__,
-                       numba.__version__])
+                       numba.__version__, sources_digest(KERNEL_MODULES)])
 
 
 def key(quantization: bool, shape: tuple[int, int], threads: tuple[int, ...],
