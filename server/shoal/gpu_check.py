@@ -36,7 +36,7 @@ TIE_GAP = 1e-3
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m shoal.gpu_check", description=__doc__)
     parser.add_argument("--batch-sizes", default="1,32,128")
-    parser.add_argument("--context-len", type=int, default=512)
+    parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--device", default="cuda", help="cpu only to dry-run this script")
     opts = parser.parse_args()
     model_path = str(model_store.prepare())
@@ -45,7 +45,7 @@ def main() -> None:
     tp1 = _serve_and_generate(model_path, ids, opts.device)
     report["parity_tp1"] = _parity(model_path, ids, tp1, opts.device)
     report["decode_tokens_per_s"] = {
-        b: _bench_forward(opts.device, int(b), opts.context_len)
+        b: _bench_forward(opts.device, int(b), opts.input_len)
         for b in opts.batch_sizes.split(",")}
     if opts.device == "cuda" and torch.cuda.device_count() >= 2:
         tp2 = _serve_and_generate(model_path, ids, opts.device, "--tp", "2")
@@ -138,14 +138,14 @@ def _judge(expected: list[list[int]], gaps: list[list[float]],
     return {"ok": not failures, "exact": exact, "near_tie": ties, "failures": failures}
 
 
-def _bench_forward(device: str, batch_size: int, context_len: int) -> float:
+def _bench_forward(device: str, batch_size: int, input_len: int) -> float:
     dtype = "bfloat16" if device == "cuda" else "float32"
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "forward.json"
         subprocess.run([sys.executable, "-m", "shoal", "bench", "forward", "--device", device,
-                        "--dtype", dtype, "--batch-size", str(batch_size), "--context-len",
-                        str(context_len), "--output-file", str(result)], check=True)
-        return float(json.loads(result.read_text())["result"]["tokens_per_s"])
+                        "--dtype", dtype, "--batch-size", str(batch_size), "--input-len",
+                        str(input_len), "--output-file", str(result)], check=True)
+        return float(json.loads(result.read_text())["result"]["decode_tokens_per_s"])
 
 
 if __name__ == "__main__":

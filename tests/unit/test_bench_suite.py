@@ -103,7 +103,7 @@ def test_targets_fail_where_the_issue_draws_the_line() -> None:
         "1. TTFT at concurrency 32: llama.cpp F32 / shoal float32 (mean)",
         "2. concurrency 1: shoal w8a16 / shoal float32",  # 1.75
         "4. 150 in / 64 out, concurrency 32: shoal / transformers serve CB",  # 1.98
-        "4. shoal at concurrency 32 / bare forward at batch 32",  # 260 / 330 = 0.79
+        "4. shoal at concurrency 32 / the bare forward of its workload",  # 260 / 330 = 0.79
         "4. shared prefix 1024 + suffix 32: mean TTFT without / with the radix cache",
         "4. shared prefix 512 + suffix 64: mean TTFT without / with the radix cache",
         "4. shared-prefix shapes with a 4x TTFT from the radix cache"}
@@ -157,7 +157,7 @@ def test_rounds_compare_runs_seconds_apart_and_tables_show_the_median_round(
     # the failed int8 round drops out of its pairs (80 / 30, 90 / 50), not the others
     int8 = crit["2. concurrency 1: shoal w8a16 / shoal float32"]
     assert int8.ratio == pytest.approx((80 / 30 + 90 / 50) / 2)
-    ceiling = crit["4. shoal at concurrency 32 / bare forward at batch 32"]
+    ceiling = crit["4. shoal at concurrency 32 / the bare forward of its workload"]
     assert ceiling.ratio == pytest.approx(0.78) and ceiling.verdict == "FAIL"  # .9 .7 .78
     # transformers ran once: shoal's median round against it
     assert crit["4. 64 in / 128 out, concurrency 32: shoal / transformers serve CB"].ratio \

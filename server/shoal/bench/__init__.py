@@ -22,9 +22,9 @@ def add_bench_commands(commands: argparse._SubParsersAction) -> None:
         description="Async streaming /v1/completions benchmark: throughput and TTFT/ITL/TPOT/"
                     "e2e latency, tokens counted from the server's usage."))
     add_forward_args(sub.add_parser(
-        "forward", help="bare-forward decode ceiling of shoal's model runner",
-        description="Time N decode steps at batch B over a KV context of L tokens, with no "
-                    "server, scheduler or tokenizer in the loop."))
+        "forward", help="the bare forward of a serving workload on shoal's model runner",
+        description="Time the prefill of B prompts of L tokens and their N - 1 decode steps "
+                    "at batch B, with no server, scheduler or tokenizer in the loop."))
     add_soak_args(sub.add_parser(
         "soak", help="mixed load with disconnects and aborts, then check nothing leaked",
         description="Mixed chat/completions load at a fixed concurrency, a share of the "

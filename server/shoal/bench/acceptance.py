@@ -158,7 +158,7 @@ def acceptance(cfg: SuiteConfig, res: SuiteResults) -> list[Criterion]:
                 f"4. {s[0]} in / {s[1]} out, concurrency {c}: shoal / transformers serve CB",
                 res, SHOAL, TRANSFORMERS, c, s, VS_TRANSFORMERS))
     ratios = ceiling_rounds(res, c, shape)
-    crit.append(Criterion(f"4. shoal at concurrency {c} / bare forward at batch {c}",
+    crit.append(Criterion(f"4. shoal at concurrency {c} / the bare forward of its workload",
                           f"{fmt(out_tps(res.get(SHOAL, c, shape)))} / "
                           f"{fmt(fwd_tps(res.forward.get(c)))} tok/s{rounds_note(ratios)}",
                           median_ratio(ratios), VS_CEILING))

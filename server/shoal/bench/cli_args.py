@@ -55,11 +55,17 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
 def add_forward_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", default=None,
                         help="model folder (default: the embedded default model)")
-    parser.add_argument("--batch-size", type=int, default=32, help="decode batch B")
-    parser.add_argument("--context-len", type=int, default=256,
-                        help="KV context L of every request before the timed steps")
-    parser.add_argument("--steps", type=int, default=32, help="timed decode steps N")
-    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="requests B, prefilled together and decoded as one batch")
+    parser.add_argument("--input-len", type=int, default=256, help="prompt tokens of each")
+    parser.add_argument("--output-len", type=int, default=32,
+                        help="output tokens of each: the first from prefill, then N - 1 "
+                             "decode steps")
+    parser.add_argument("--prefill-tokens", type=int, default=None,
+                        help="new tokens a prefill forward takes at most (default: the "
+                             "scheduler's chunked-prefill size on the device)")
+    parser.add_argument("--warmup-steps", type=int, default=2,
+                        help="decode steps of the untimed warmup pass (0: no warmup)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--dtype", default="auto",
                         choices=("auto", "float32", "bfloat16", "float16"))

@@ -116,10 +116,13 @@ def _workload(cfg: SuiteConfig) -> list[str]:
         f"tokens, concurrency {cfg.shared_concurrency}, with and without "
         f"`--disable-radix-cache`. The cache starts cold (`/flush_cache`, and the warmup "
         f"request shares no prefix with the dataset), so the first wave pays the prefix.",
-        f"- bare forward: `shoal bench forward` at batch = concurrency, from a KV context of "
-        f"{cfg.forward_context_len} tokens, {cfg.forward_steps} timed steps (a main-shape "
-        f"request's decode: its contexts, about its length), right after each of shoal's "
-        f"serving runs at that concurrency (the server up and idle).",
+        f"- bare forward: `shoal bench forward` with as many requests as the concurrency, "
+        f"the model's work of a main-shape run with no server in the loop: their "
+        f"{cfg.input_len}-token prompts prefilled in forwards of at most the scheduler's "
+        f"chunked-prefill budget (each request's first token), then {cfg.output_len - 1} "
+        f"decode steps at that batch; its tokens/s is all {cfg.output_len} output tokens of "
+        f"each over the time of those forwards. It runs right after each of shoal's serving "
+        f"runs at that concurrency (the server up and idle).",
         f"- rounds: at each concurrency the main-shape runs of shoal (with its bare forward), "
         f"llama.cpp F32 and, at the int8 concurrencies, shoal w8a16 and llama.cpp Q8_0 are "
         f"repeated {cfg.rounds} times in turns, each round on its own prompts; the other shapes "

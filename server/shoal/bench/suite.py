@@ -79,9 +79,8 @@ def serving_run(label: str, server: Server, results: Path, *args: str) -> Run:
 def forward_run(label: str, cfg: SuiteConfig, batch_size: int, results: Path) -> Run:
     out = results / f"{label}.json"
     return Run(label, [sys.executable, "-m", "shoal", "bench", "forward", "--batch-size",
-                       str(batch_size), "--context-len", str(cfg.forward_context_len),
-                       "--steps", str(cfg.forward_steps), "--output-file", str(out)],
-               out).execute()
+                       str(batch_size), "--input-len", str(cfg.input_len), "--output-len",
+                       str(cfg.output_len), "--output-file", str(out)], out).execute()
 
 
 def random_args(cfg: SuiteConfig, shape: Shape, concurrency: int, round_: int = 0) -> list[str]:

@@ -127,19 +127,6 @@ class SuiteConfig:
         return (self.seed + concurrency + (0 if shape == self.shape else 1000 * shape[0])
                 + 1_000_000 * round_)
 
-    @property
-    def forward_context_len(self) -> int:
-        """The bare forward starts where a main-shape request's decode starts: at its prompt."""
-        return self.input_len
-
-    @property
-    def forward_steps(self) -> int:
-        """... and takes as many steps as that decode (prefill gives the first output token):
-        the contexts of a served run and about its length, so that a pause of this shared host
-        weighs on both alike (16 steps at the mean context, ~1.6 s at 32 rows, once measured a
-        round's ratio of 8)."""
-        return max(1, self.output_len - 1)
-
 
 def _twice_in_pages(tokens: int) -> int:
     return -(-2 * tokens // 4096) * 4096
