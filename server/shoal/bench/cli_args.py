@@ -44,7 +44,8 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup-requests", type=int, default=1,
                         help=f"untimed {WARMUP_OUTPUT_LEN}-token requests sent first")
-    parser.add_argument("--request-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument("--request-timeout", type=float, default=1800.0,
+                        help="seconds a request may wait for its next bytes")
     parser.add_argument("--extra-request-body", default=None,
                         help="JSON object merged into every request body")
     parser.add_argument("--output-file", default=None,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import numpy as np
 
 from shoal.bench.cli_args import WARMUP_OUTPUT_LEN
@@ -46,6 +46,8 @@ from shoal.bench.tenants import tenant_prompts
 
 PERCENTILES = (50, 90, 99)
 MAX_REPORTED_ERRORS = 20
+READ_BUFFER_BYTES = 1 << 20  # the longest SSE line read whole
+CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError)
 
 
 @dataclass(frozen=True)
@@ -99,23 +101,23 @@ def request_body(model: str, prompt: Prompt, backend: str,
     return body
 
 
-async def send_request(client: httpx.AsyncClient, url: str,
+async def send_request(client: aiohttp.ClientSession, url: str,
                        body: dict[str, Any]) -> RequestOutput:
     out = RequestOutput()
     start = time.perf_counter()
     last: float | None = None
     usage: dict[str, Any] | None = None
     try:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                detail = (await resp.aread()).decode(errors="replace")[:500]
-                out.error = f"HTTP {resp.status_code}: {detail}"
+        async with client.post(url, json=body) as resp:
+            if resp.status != 200:
+                detail = (await resp.read()).decode(errors="replace")[:500]
+                out.error = f"HTTP {resp.status}: {detail}"
                 return out
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for raw in resp.content:
+                if not raw.startswith(b"data:"):
                     continue
                 now = time.perf_counter()
-                data = line[len("data:"):].strip()
+                data = raw[len(b"data:"):].decode().strip()
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
@@ -130,7 +132,7 @@ async def send_request(client: httpx.AsyncClient, url: str,
                     last = now
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-    except (httpx.HTTPError, httpx.StreamError, ValueError, OSError) as exc:
+    except CLIENT_ERRORS as exc:
         out.error = f"{type(exc).__name__}: {exc}"
         return out
     out.e2e_s = time.perf_counter() - start
@@ -189,16 +191,16 @@ class Progress:
             self._next_line = elapsed + 10.0
 
 
-async def resolve_model(client: httpx.AsyncClient, base_url: str) -> str:
-    resp = await client.get(f"{base_url}/v1/models")
-    resp.raise_for_status()
-    models = resp.json().get("data") or []
+async def resolve_model(client: aiohttp.ClientSession, base_url: str) -> str:
+    async with client.get(f"{base_url}/v1/models") as resp:
+        resp.raise_for_status()
+        models = (await resp.json()).get("data") or []
     if not models:
         raise RuntimeError(f"{base_url}/v1/models lists no model")
     return str(models[0]["id"])
 
 
-async def warm_up(client: httpx.AsyncClient, url: str, model: str, prompt: Prompt,
+async def warm_up(client: aiohttp.ClientSession, url: str, model: str, prompt: Prompt,
                   cfg: ServingConfig) -> tuple[str, list[str]]:
     """Send the warmup requests; with `--backend auto`, pick the first style the server
     accepts. Returns the backend and the errors of the styles it refused."""
@@ -221,9 +223,9 @@ async def run_benchmark(cfg: ServingConfig, prompts: list[Prompt],
                         warmup: Prompt) -> dict[str, Any]:
     base_url = cfg.base_url.rstrip("/")
     url = f"{base_url}/v1/completions"
-    timeout = httpx.Timeout(cfg.request_timeout_s, connect=30.0)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=cfg.request_timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                                     read_bufsize=READ_BUFFER_BYTES) as client:
         model = cfg.model or await resolve_model(client, base_url)
         backend = cfg.backend
         if cfg.warmup_requests > 0 or backend == "auto":
@@ -396,7 +398,7 @@ def serving_main(ns: argparse.Namespace) -> int:
         return 2
     try:
         report = run(cfg)
-    except (RuntimeError, httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+    except (RuntimeError, KeyError, *CLIENT_ERRORS) as exc:
         print(f"shoal bench serving: {exc}", file=sys.stderr)
         return 1
     result = report["result"]

@@ -67,7 +67,8 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 
 def run(logits: torch.Tensor, work: SamplingWork) -> SamplingResult:
     """Sample `work` from `logits` [rows, vocab] (float32)."""
-    picked = logits[work.rows]
+    every_row = work.rows == list(range(logits.shape[0]))  # a decode batch: no copy to pick
+    picked = logits if every_row else logits[work.rows]
     result = SamplingResult(tokens=sample(picked, work.reqs))
     if work.wants_logprobs:
         result.logprobs = output_logprobs(picked, result.tokens, work.reqs)
