@@ -167,12 +167,15 @@ def test_a_packed_kernel_packs_its_weight_at_load_and_counts_the_copy(kernel: Ke
 
 
 @pytest.mark.parametrize("channels", [16, 40, 96])
-@pytest.mark.parametrize("rows", [2, 6, 7, 13, 24, 25, 300])
-def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 2, 3, 6, 7, 13, 24, 25, 300])
+@pytest.mark.parametrize("depth", [40, 43])
+def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: int,
+                                                           depth: int) -> None:
     """Tiles of one to `TILE_ROWS` rows (six with AVX2, 24 with AVX-512: this host's build),
-    panels of sixteen channels (the last one padded)."""
-    weight = torch.randn(channels, 40)
-    x = torch.randn(rows, 40)
+    panels of sixteen channels (the last one padded); a few-row tile's lanes over an input
+    dimension they divide, and over one that leaves steps to the first lane."""
+    weight = torch.randn(channels, depth)
+    x = torch.randn(rows, depth)
     got = panel_products.by_panels(x, Panels.of(weight.numpy()))
     assert got.shape == (rows, channels) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-5)
@@ -186,9 +189,9 @@ import torch, torch.nn.functional as F
 from shoal.models import fused_decode, panel_products
 from shoal.models.panel_products import Panels
 assert (panel_products.VECTOR, panel_products.TILE_ROWS) == (8, 6)
-weight = torch.randn(40, 40)
-for rows in (5, 6, 13):
-    x = torch.randn(rows, 40)
+weight = torch.randn(40, 43)
+for rows in (1, 2, 5, 6, 13):
+    x = torch.randn(rows, 43)
     torch.testing.assert_close(panel_products.by_panels(x, Panels.of(weight.numpy())),
                                F.linear(x, weight), rtol=1e-5, atol=1e-5)
 assert fused_decode._agrees(False) and fused_decode._agrees(True)

@@ -206,11 +206,9 @@ class Kernel:
 # Row buckets where shoal's numba kernels are candidates: none of the dot-product ones in the
 # prefill-sized bucket (MKL and oneDNN run it on every core), the four-channel-by-three-row
 # blocking not at one row (a lone row takes its tail loop, measured ~3x slower in a decode step
-# than its isolated timing), and the panels not at one row either (a one-row tile has two sums
-# in flight: bound by the multiply-add's latency).
+# than its isolated timing).
 _FEW_ROWS = (0, 1, 2)
 _SEVERAL_ROWS = (1, 2)
-_MANY_ROWS = (1, 2, 3)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _ONEDNN_PACKED = _ONEDNN and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
@@ -218,8 +216,7 @@ FLOAT_KERNELS = (Kernel("mkl-row", "row", _mkl), Kernel("mkl-col", "col", _mkl),
                    if _ONEDNN else []),
                  *([Kernel("onednn-packed", "row", _onednn_packed, copy=StoredWeight.pack)]
                    if _ONEDNN_PACKED else []),
-                 Kernel("panels", "row", _panels, copy=StoredWeight.pack_panels,
-                        buckets=_MANY_ROWS),
+                 Kernel("panels", "row", _panels, copy=StoredWeight.pack_panels),
                  Kernel("numpy-row", "row", _numpy, one_thread=True),
                  Kernel("numpy-col", "col", _numpy, one_thread=True),
                  Kernel("numba-pairs", "row", _float_by_pairs, buckets=_FEW_ROWS),
@@ -228,8 +225,7 @@ INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
                 Kernel("int8-rows", "int8", _int8_by_rows),
                 Kernel("int8-pairs", "int8", _int8_by_pairs),
                 Kernel("int8-quads", "int8", _int8_by_quads, buckets=_SEVERAL_ROWS),
-                Kernel("int8-panels", "int8", _panels, copy=StoredWeight.pack_panels,
-                       buckets=_MANY_ROWS),
+                Kernel("int8-panels", "int8", _panels, copy=StoredWeight.pack_panels),
                 Kernel("dequantized", "int8", _dequantized))
 
 

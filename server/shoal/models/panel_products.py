@@ -10,8 +10,12 @@ over the input dimension reads `PANEL` consecutive weights; a tile of up to `TIL
 keeps its `TILE_ROWS` x `PANEL` sums in registers, and each step broadcasts one activation per row
 and multiplies it with the panel's step (two vectors of eight with AVX2, one of sixteen with
 AVX-512), `TILE_ROWS` x `PANEL_VECTORS` vector multiply-adds for `PANEL_VECTORS` vector loads
-and `TILE_ROWS` broadcasts. No sum needs a horizontal add,
-and while a tile runs, the same thread's next panel is fetched from memory ahead of its use.
+and `TILE_ROWS` broadcasts. A tile of a few rows (a decode step of one to a few streams) has too
+few sums to keep the multiply-adds busy, so it sums the input dimension in several lanes, added
+at the end: at one row on an Intel Xeon with AVX-512 that took an int8 product from ~17 to ~26
+GB/s of weights, the one-row LM head from 2.7 to 1.6 ms (docs/benchmarks.md). No sum needs a
+horizontal add, and while a tile runs, the same thread's next panel is fetched from memory ahead
+of its use.
 
 The tile is written in LLVM IR (`_tile`, a numba intrinsic): numba's loops do not keep a block of
 vector sums in registers. An int8 panel is widened to float32 in registers as it is read, and a
@@ -55,6 +59,16 @@ def _has_avx512() -> bool:
 PANEL = 16
 VECTOR, TILE_ROWS = (16, 24) if _has_avx512() else (8, 6)
 PANEL_VECTORS = PANEL // VECTOR
+# A multiply-add waits on the one before it into the same sum (4 cycles, two issued a cycle): a
+# tile of few rows keeps too few sums to hide that, so it sums the input dimension in several
+# lanes (every `lanes`-th step into each, added at the end), at least `_CHAINS` sums in all.
+_CHAINS = 8
+_LINE = 64
+
+
+def _lanes(rows: int) -> int:
+    """How many lanes a tile of `rows` rows sums the input dimension in."""
+    return max(1, _CHAINS // (rows * PANEL_VECTORS))
 
 
 @dataclass(frozen=True)
@@ -153,8 +167,22 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
             builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, _I32, _I32, _I32]),
             "llvm.prefetch.p0i8")
         read, to_l2, data = ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)
-        sums = [[cgutils.alloca_once(builder, _VEC) for _ in range(PANEL_VECTORS)]
-                for _ in range(TILE_ROWS)]
+        element = sig.args[0].dtype
+        step_bytes = PANEL * (1 if element == numba_types.int8 else 4)
+
+        def step(lanes: list[list[list[ir.Value]]], k: ir.Value, fetch: bool) -> None:
+            """One step over the input dimension at `k` into `lanes[r]` of each row r."""
+            at = builder.mul(k, _i64(PANEL))
+            if fetch:
+                builder.call(prefetch, [builder.bitcast(builder.gep(ahead_at, [at]), byte_ptr),
+                                        read, to_l2, data])
+            weights = _weights(builder, builder.gep(panel_at, [at]), element)
+            for r, row_sums in enumerate(lanes):
+                activation = builder.load(builder.gep(x_at, [builder.add(
+                    builder.mul(_i64(r), depth), k)]))
+                broadcast = _broadcast(builder, activation)
+                for s, weight in zip(row_sums, weights):
+                    builder.store(builder.call(fma, [broadcast, weight, builder.load(s)]), s)
 
         # one block of code per tile height, the loop over the input dimension in each
         done = builder.append_basic_block("tile_done")
@@ -164,25 +192,28 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
             switch.add_case(ir.Constant(rows_i.type, n), block)
         for n, block in enumerate(heights, start=1):
             builder.position_at_end(block)
-            for row_sums in sums[:n]:
-                for s in row_sums:
-                    builder.store(ir.Constant(_VEC, [0.0] * VECTOR), s)
-            with cgutils.for_range(builder, depth) as loop:
-                at = builder.mul(loop.index, _i64(PANEL))
-                builder.call(prefetch, [builder.bitcast(builder.gep(ahead_at, [at]), byte_ptr),
-                                        read, to_l2, data])
-                weights = _weights(builder, builder.gep(panel_at, [at]), sig.args[0].dtype)
-                for r, row_sums in enumerate(sums[:n]):
-                    activation = builder.load(builder.gep(x_at, [builder.add(
-                        builder.mul(_i64(r), depth), loop.index)]))
-                    broadcast = _broadcast(builder, activation)
-                    for s, weight in zip(row_sums, weights):
-                        builder.store(builder.call(fma, [broadcast, weight, builder.load(s)]), s)
-            for r, row_sums in enumerate(sums[:n]):
+            unroll = _lanes(n)
+            # sums[u][r][j]: lane u's sums of row r, vector j of the panel
+            sums = [[[cgutils.alloca_once(builder, _VEC) for _ in range(PANEL_VECTORS)]
+                     for _ in range(n)] for _ in range(unroll)]
+            for lane in sums:
+                for row_sums in lane:
+                    for s in row_sums:
+                        builder.store(ir.Constant(_VEC, [0.0] * VECTOR), s)
+            whole = builder.mul(builder.sdiv(depth, _i64(unroll)), _i64(unroll))
+            with cgutils.for_range_slice(builder, _i64(0), whole, _i64(unroll)) as (k, _):
+                for u, lane in enumerate(sums):
+                    step(lane, builder.add(k, _i64(u)), fetch=u * step_bytes % _LINE == 0)
+            with cgutils.for_range_slice(builder, whole, depth, _i64(1)) as (k, _):
+                step(sums[0], k, fetch=True)
+            for r in range(n):
                 out_row = builder.mul(_i64(r), width)
-                for j, s in enumerate(row_sums):
+                for j in range(PANEL_VECTORS):
+                    total = builder.load(sums[0][r][j])
+                    for lane in sums[1:]:
+                        total = builder.fadd(total, builder.load(lane[r][j]))
                     target = _vector_at(builder, out_at, builder.add(out_row, _i64(j * VECTOR)))
-                    builder.store(builder.fmul(builder.load(s), scales[j]), target, align=4)
+                    builder.store(builder.fmul(total, scales[j]), target, align=4)
             builder.branch(done)
         builder.position_at_end(done)
         return context.get_dummy_value()
