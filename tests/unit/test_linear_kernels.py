@@ -186,6 +186,7 @@ def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: 
 
 _AVX2_BUILD = """
 import torch, torch.nn.functional as F
+from shoal.engine import decode_attention
 from shoal.models import fused_decode, panel_products
 from shoal.models.panel_products import Panels
 assert (panel_products.VECTOR, panel_products.TILE_ROWS) == (8, 6)
@@ -195,13 +196,14 @@ for rows in (1, 2, 5, 6, 13):
     torch.testing.assert_close(panel_products.by_panels(x, Panels.of(weight.numpy())),
                                F.linear(x, weight), rtol=1e-5, atol=1e-5)
 assert fused_decode._agrees(False) and fused_decode._agrees(True)
+assert decode_attention._agrees()
 """
 
 
 def test_the_avx2_tile_computes_on_any_host() -> None:
     """numba told the target is an AVX2 CPU builds the six-row tile of two vectors (what an
-    AVX-512 host, where this suite may run, would not build), and it computes the products and
-    the fused layer."""
+    AVX-512 host, where this suite may run, would not build), and it computes the products, the
+    fused layer and decode attention."""
     env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}
     done = subprocess.run([sys.executable, "-c", _AVX2_BUILD], check=False, env=env,
                           capture_output=True, text=True, timeout=600)

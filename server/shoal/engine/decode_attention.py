@@ -5,13 +5,11 @@ runs `scaled_dot_product_attention`, whose CPU kernel runs a pair of small GEMMs
 head: at batch 32 over 256 tokens of context that is 5-6 ms of a layer on one AMD EPYC core,
 ~40% of the decode step with the gathers (docs/benchmarks.md). This kernel walks each request's
 slots in the request -> token table and computes the scores, the softmax and the weighted sum
-of V, one task per request and KV head (each K/V row read once for its GQA group, and asked of
-memory a few slots ahead, `shoal.models.numba_kernels.prefetch_ahead`; the softmax on an exp that
-vectorizes, `shoal.models.numba_kernels.exp_in_place`), in parallel on as many
-threads as torch runs (numba's threading layer, GNU OpenMP where the system has it: a second
-runtime beside torch's bundled copy, which starts no thread when decode runs on one): ~2 ms
-there. It sums in another order than SDPA, as every float32 kernel of the engine may; float32
-only.
+of V, one task per request and KV head (each K/V row read once for its GQA group: the loops are
+`shoal.models.attention_tiles`'), in parallel on as many threads as torch runs (numba's
+threading layer, GNU OpenMP where the system has it: a second runtime beside torch's bundled
+copy, which starts no thread when decode runs on one): ~2 ms there. It sums in another order
+than SDPA, as every float32 kernel of the engine may; float32 only.
 
 The kernel is compiled by numba when first used (`shoal.models.numba_kernels`: a few seconds,
 then cached). Before this process relies on it, its serial build (the same code and
@@ -28,8 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from shoal.models.attention_tiles import attend_group
 from shoal.models.kernel_probe import runs_and_agrees
-from shoal.models.numba_kernels import Twins, exp_in_place, prefetch_ahead
+from shoal.models.numba_kernels import Twins
 
 
 def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
@@ -41,37 +40,12 @@ def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.nda
     requests, heads, dim = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
+    queries = q.reshape(requests, heads * dim)
+    outputs = out.reshape(requests, heads * dim)
     for task in numba.prange(requests * kv_heads):
         r = task // kv_heads
-        kv = task % kv_heads
-        slots = table[rows[r]]
-        n = seq_lens[r]
-        first = kv * group
-        scores = np.empty((group, n), np.float32)
-        for t in range(n):
-            prefetch_ahead(k_pool, slots, t, n, kv)
-            k_t = k_pool[slots[t], kv]
-            for g in range(group):
-                q_h = q[r, first + g]
-                acc = np.float32(0.0)
-                for d in range(dim):
-                    acc += q_h[d] * k_t[d]
-                scores[g, t] = acc * scale
-        bits = np.empty(n, np.int32)
-        for g in range(group):
-            s = scores[g]
-            s -= s.max()
-            exp_in_place(s, bits)
-            s /= s.sum()
-        out[r, first:first + group] = 0.0
-        for t in range(n):
-            prefetch_ahead(v_pool, slots, t, n, kv)
-            v_t = v_pool[slots[t], kv]
-            for g in range(group):
-                p = scores[g, t]
-                o_h = out[r, first + g]
-                for d in range(dim):
-                    o_h[d] += p * v_t[d]
+        attend_group(queries, k_pool, v_pool, table, rows[r], r, task % kv_heads, seq_lens[r],
+                     group, scale, outputs)
 
 
 _kernel = Twins(_attend)

@@ -8,10 +8,10 @@ the products (SiLU, the K/V writes, the norms' wrappers) and the handing over be
 OpenMP threads and numba's cost another ~15% of a step. Here one call per layer computes the
 whole layer for a decode batch of any size: residual add and RMSNorm, the fused q/k/v product
 (and its bias), the rotary embedding, the new K/V written to their pool slots, attention over
-each request's slots where they lie in the pool, the output product, the second norm, gate and
-up products, SiLU-and-multiply, and the down product, in six parallel regions (products a panel
-of output channels per task, attention over rows and KV heads, SiLU over rows), with an exp of
-its own that vectorizes.
+each request's slots where they lie in the pool (`shoal.models.attention_tiles`), the output
+product, the second norm, gate and up products, SiLU-and-multiply, and the down product, in six
+parallel regions (products a panel of output channels per task, attention over rows and KV
+heads, SiLU over rows), with an exp of its own that vectorizes.
 
 The products read each weight's panels (`shoal.models.panel_products`, the copy packed at load
 for the panel kernels: float32 or int8 with a float32 scale per channel; at every row count from
@@ -37,10 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.models.attention_backend import PagedDecode
+from shoal.models.attention_tiles import attend_group
 from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.layers import apply_rotary
 from shoal.models.linear_kernels import LinearKernel
-from shoal.models.numba_kernels import Twins, exp_in_place, prefetch_ahead
+from shoal.models.numba_kernels import Twins, exp_in_place
 from shoal.models.panel_products import PANEL, TILE_ROWS, Panels, panel_rows
 from shoal.models.quantization import dequantize, quantize_per_channel
 
@@ -120,35 +121,8 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
     attn = np.empty((rows, heads * dim), np.float32)
     for task in numba.prange(rows * kv_heads):
         m = task // kv_heads
-        kv = task % kv_heads
-        n = seq_lens[m]
-        slots = table[req_rows[m]]
-        first_q = kv * group * dim
-        scores = np.empty((group, n), np.float32)
-        for t in range(n):
-            prefetch_ahead(k_pool, slots, t, n, kv)
-            k_t = k_pool[slots[t], kv]
-            for g in range(group):
-                q_h = qkv[m, first_q + g * dim:first_q + (g + 1) * dim]
-                acc = np.float32(0.0)
-                for d in range(dim):
-                    acc += q_h[d] * k_t[d]
-                scores[g, t] = acc * attn_scale
-        bits = np.empty(n, np.int32)
-        for g in range(group):
-            s = scores[g]
-            s -= s.max()
-            exp_in_place(s, bits)
-            s /= s.sum()
-        attn[m, first_q:first_q + group * dim] = 0.0
-        for t in range(n):
-            prefetch_ahead(v_pool, slots, t, n, kv)
-            v_t = v_pool[slots[t], kv]
-            for g in range(group):
-                p = scores[g, t]
-                o_h = attn[m, first_q + g * dim:first_q + (g + 1) * dim]
-                for d in range(dim):
-                    o_h[d] += p * v_t[d]
+        attend_group(qkv, k_pool, v_pool, table, req_rows[m], m, task % kv_heads, seq_lens[m],
+                     group, attn_scale, attn)
 
     # output product
     projected = np.empty((rows, size), np.float32)
