@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.engine import decode_attention
-from shoal.models.panel_products import VECTOR
+from shoal.models.vector_ir import VECTOR
 
 
 @pytest.mark.parametrize("dim", [VECTOR, 4 * VECTOR, 12])

@@ -39,33 +39,23 @@ from numba.core import types as numba_types
 from numba.extending import intrinsic
 
 from shoal.models.numba_kernels import PREFETCH_AHEAD, exp_in_place, prefetch_ahead
-from shoal.models.panel_products import VECTOR
+from shoal.models.vector_ir import (
+    F32,
+    I32,
+    I64,
+    VEC,
+    VECTOR,
+    broadcast,
+    fma,
+    i64,
+    prefetch,
+    vector_at,
+    zeros,
+)
 
 # Heads of a group whose weighted sums of V are kept in registers at once (x 2 sets).
 _GROUP_BLOCK = 4
 _LINE_FLOATS = 16
-
-_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-_VEC = ir.VectorType(_F32, VECTOR)
-_BYTE_PTR = ir.IntType(8).as_pointer()
-
-
-def _i64(value: int) -> ir.Constant:
-    return ir.Constant(_I64, value)
-
-
-def _zero() -> ir.Constant:
-    return ir.Constant(_VEC, [0.0] * VECTOR)
-
-
-def _vector_at(builder: ir.IRBuilder, pointer: ir.Value, offset: ir.Value) -> ir.Value:
-    return builder.bitcast(builder.gep(pointer, [offset]), _VEC.as_pointer())
-
-
-def _broadcast(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    undef = ir.Constant(_VEC, ir.Undefined)
-    return builder.shuffle_vector(builder.insert_element(undef, value, ir.Constant(_I32, 0)),
-                                  undef, ir.Constant(ir.VectorType(_I32, VECTOR), [0] * VECTOR))
 
 
 def _lane_sums(builder: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
@@ -78,26 +68,13 @@ def _lane_sums(builder: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
         low = [t * lanes + i for t in range(tokens) for i in range(half)]
         low = low + [VECTOR + at for at in low]
         high = [at + half for at in low]
-        mask_low = ir.Constant(ir.VectorType(_I32, VECTOR), low)
-        mask_high = ir.Constant(ir.VectorType(_I32, VECTOR), high)
+        mask_low = ir.Constant(ir.VectorType(I32, VECTOR), low)
+        mask_high = ir.Constant(ir.VectorType(I32, VECTOR), high)
         level = [builder.fadd(builder.shuffle_vector(a, b, mask_low),
                               builder.shuffle_vector(a, b, mask_high))
                  for a, b in zip(level[0::2], level[1::2])]
         lanes = half
     return level[0]
-
-
-def _prefetch(builder: ir.IRBuilder, pointer: ir.Value) -> None:
-    function = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [_BYTE_PTR, _I32, _I32, _I32]),
-        "llvm.prefetch.p0i8")
-    builder.call(function, [builder.bitcast(pointer, _BYTE_PTR), ir.Constant(_I32, 0),
-                            ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
-
-
-def _fma(builder: ir.IRBuilder) -> ir.Function:
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
-                                          f"llvm.fma.v{VECTOR}f32")
 
 
 def _smin(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -110,7 +87,7 @@ def _slot_row(builder: ir.IRBuilder, table: Any, table_row: ir.Value, t: ir.Valu
     columns = cgutils.unpack_tuple(builder, table.shape)[1]
     slot = builder.load(builder.gep(table.data, [builder.add(builder.mul(table_row, columns),
                                                                  t)]))
-    slot = builder.sext(slot, _I64) if slot.type.width < 64 else slot
+    slot = builder.sext(slot, I64) if slot.type.width < 64 else slot
     kv_heads, dim = cgutils.unpack_tuple(builder, pool.shape)[1:]
     return builder.gep(pool.data, [builder.mul(builder.add(builder.mul(slot, kv_heads), kv),
                                                dim)])
@@ -142,45 +119,45 @@ def _scores(typingctx: Any, k_pool: numba_types.Type, v_pool: numba_types.Type,
         row_i, table_row_i, kv_i, start_i, n_i = (
             context.cast(builder, a, t, numba_types.int64)
             for a, t in zip(args[5:10], sig.args[5:10]))
-        scale_v = _broadcast(builder, context.cast(builder, args[10], sig.args[10],
+        scale_v = broadcast(builder, context.cast(builder, args[10], sig.args[10],
                                                    numba_types.float32))
         dim = cgutils.unpack_tuple(builder, pool_a.shape)[2]
         group, columns = cgutils.unpack_tuple(builder, scores_a.shape)
         width = cgutils.unpack_tuple(builder, q_a.shape)[1]
-        fma = _fma(builder)
-        last = builder.sub(_smin(builder, builder.add(start_i, _i64(VECTOR)), n_i), _i64(1))
+        multiply_add = fma(builder)
+        last = builder.sub(_smin(builder, builder.add(start_i, i64(VECTOR)), n_i), i64(1))
         rows = [_slot_row(builder, table_a, table_row_i,
-                          _smin(builder, builder.add(start_i, _i64(i)), last), pool_a, kv_i)
+                          _smin(builder, builder.add(start_i, i64(i)), last), pool_a, kv_i)
                 for i in range(VECTOR)]
 
-        final = builder.sub(n_i, _i64(1))
+        final = builder.sub(n_i, i64(1))
         for i in range(VECTOR):
-            ahead = _smin(builder, builder.add(start_i, _i64(VECTOR + i)), final)
+            ahead = _smin(builder, builder.add(start_i, i64(VECTOR + i)), final)
             at = _slot_row(builder, table_a, table_row_i, ahead, pool_a, kv_i)
             v_at = _slot_row(builder, table_a, table_row_i, ahead, v_pool_a, kv_i)
-            with cgutils.for_range_slice(builder, _i64(0), dim, _i64(_LINE_FLOATS)) as (d, _):
-                _prefetch(builder, builder.gep(at, [d]))
-                _prefetch(builder, builder.gep(v_at, [d]))
+            with cgutils.for_range_slice(builder, i64(0), dim, i64(_LINE_FLOATS)) as (d, _):
+                prefetch(builder, builder.gep(at, [d]), locality=3)
+                prefetch(builder, builder.gep(v_at, [d]), locality=3)
 
         q_row = builder.gep(q_a.data, [builder.add(builder.mul(row_i, width),
                                                    builder.mul(builder.mul(kv_i, group), dim))])
-        sums = [cgutils.alloca_once(builder, _VEC) for _ in range(VECTOR)]
-        lanes = cgutils.alloca_once(builder, _VEC)
-        count = builder.add(builder.sub(last, start_i), _i64(1))
+        sums = [cgutils.alloca_once(builder, VEC) for _ in range(VECTOR)]
+        lanes = cgutils.alloca_once(builder, VEC)
+        count = builder.add(builder.sub(last, start_i), i64(1))
         with cgutils.for_range(builder, group) as head:
             for s in sums:
-                builder.store(_zero(), s)
+                builder.store(zeros(), s)
             q_head = builder.gep(q_row, [builder.mul(head.index, dim)])
-            with cgutils.for_range_slice(builder, _i64(0), dim, _i64(VECTOR)) as (d, _):
-                query = builder.load(_vector_at(builder, q_head, d), align=4)
+            with cgutils.for_range_slice(builder, i64(0), dim, i64(VECTOR)) as (d, _):
+                query = builder.load(vector_at(builder, q_head, d), align=4)
                 for s, k_row in zip(sums, rows):
-                    key = builder.load(_vector_at(builder, k_row, d), align=4)
-                    builder.store(builder.call(fma, [query, key, builder.load(s)]), s)
+                    key = builder.load(vector_at(builder, k_row, d), align=4)
+                    builder.store(builder.call(multiply_add, [query, key, builder.load(s)]), s)
             total = _lane_sums(builder, [builder.load(s) for s in sums])
             builder.store(builder.fmul(total, scale_v), lanes)
             out_row = builder.gep(scores_a.data, [builder.add(
                 builder.mul(head.index, columns), start_i)])
-            lane_floats = builder.bitcast(lanes, _F32.as_pointer())
+            lane_floats = builder.bitcast(lanes, F32.as_pointer())
             with cgutils.for_range(builder, count) as i:
                 builder.store(builder.load(builder.gep(lane_floats, [i.index])),
                               builder.gep(out_row, [i.index]))
@@ -213,51 +190,51 @@ def _weighted_values(typingctx: Any, v_pool: numba_types.Type, scores: numba_typ
         dim = cgutils.unpack_tuple(builder, pool_a.shape)[2]
         group, columns = cgutils.unpack_tuple(builder, scores_a.shape)
         width = cgutils.unpack_tuple(builder, out_a.shape)[1]
-        fma = _fma(builder)
+        multiply_add = fma(builder)
         out_row = builder.gep(out_a.data, [builder.add(
             builder.mul(row_i, width), builder.mul(builder.mul(kv_i, group), dim))])
-        final = builder.sub(n_i, _i64(1))
-        even = builder.mul(builder.sdiv(n_i, _i64(2)), _i64(2))
-        sums = [[cgutils.alloca_once(builder, _VEC) for _ in range(_GROUP_BLOCK)]
+        final = builder.sub(n_i, i64(1))
+        even = builder.mul(builder.sdiv(n_i, i64(2)), i64(2))
+        sums = [[cgutils.alloca_once(builder, VEC) for _ in range(_GROUP_BLOCK)]
                 for _ in range(2)]
 
         def block(first_head: ir.Value, heads: int, d: ir.Value) -> None:
             """The sums of heads [first_head, first_head + heads) at dimension offset d."""
             for half in sums:
                 for s in half[:heads]:
-                    builder.store(_zero(), s)
+                    builder.store(zeros(), s)
 
             def token(t: ir.Value, half: list[ir.Value]) -> None:
                 ahead = _slot_row(builder, table_a, table_row_i, _smin(
-                    builder, builder.add(t, _i64(PREFETCH_AHEAD)), final), pool_a, kv_i)
-                _prefetch(builder, builder.gep(ahead, [d]))
-                value = builder.load(_vector_at(builder, _slot_row(
+                    builder, builder.add(t, i64(PREFETCH_AHEAD)), final), pool_a, kv_i)
+                prefetch(builder, builder.gep(ahead, [d]), locality=3)
+                value = builder.load(vector_at(builder, _slot_row(
                     builder, table_a, table_row_i, t, pool_a, kv_i), d), align=4)
                 for h, s in enumerate(half[:heads]):
                     weight = builder.load(builder.gep(scores_a.data, [builder.add(
-                        builder.mul(builder.add(first_head, _i64(h)), columns), t)]))
-                    builder.store(builder.call(fma, [_broadcast(builder, weight), value,
-                                                     builder.load(s)]), s)
+                        builder.mul(builder.add(first_head, i64(h)), columns), t)]))
+                    builder.store(builder.call(multiply_add, [
+                        broadcast(builder, weight), value, builder.load(s)]), s)
 
-            with cgutils.for_range_slice(builder, _i64(0), even, _i64(2)) as (t, _):
+            with cgutils.for_range_slice(builder, i64(0), even, i64(2)) as (t, _):
                 token(t, sums[0])
-                token(builder.add(t, _i64(1)), sums[1])
+                token(builder.add(t, i64(1)), sums[1])
             with builder.if_then(builder.icmp_signed("<", even, n_i)):
                 token(even, sums[0])
             for h in range(heads):
-                at = builder.add(builder.mul(builder.add(first_head, _i64(h)), dim), d)
+                at = builder.add(builder.mul(builder.add(first_head, i64(h)), dim), d)
                 builder.store(builder.fadd(builder.load(sums[0][h]), builder.load(sums[1][h])),
-                              _vector_at(builder, out_row, at), align=4)
+                              vector_at(builder, out_row, at), align=4)
 
-        with (cgutils.for_range_slice(builder, _i64(0), dim, _i64(VECTOR)) as (d, _),
-              cgutils.for_range_slice(builder, _i64(0), group, _i64(_GROUP_BLOCK)) as (first, _)):
-            left = _smin(builder, builder.sub(group, first), _i64(_GROUP_BLOCK))
+        with (cgutils.for_range_slice(builder, i64(0), dim, i64(VECTOR)) as (d, _),
+              cgutils.for_range_slice(builder, i64(0), group, i64(_GROUP_BLOCK)) as (first, _)):
+            left = _smin(builder, builder.sub(group, first), i64(_GROUP_BLOCK))
             done = builder.append_basic_block("heads_done")
             sizes = [builder.append_basic_block(f"heads_{k}")
                      for k in range(1, _GROUP_BLOCK + 1)]
             switch = builder.switch(left, sizes[-1])
             for k, size_block in enumerate(sizes, start=1):
-                switch.add_case(_i64(k), size_block)
+                switch.add_case(i64(k), size_block)
             for k, size_block in enumerate(sizes, start=1):
                 builder.position_at_end(size_block)
                 block(first, k, d)

@@ -39,7 +39,7 @@ Entry = tuple[str, tuple[str, ...]]
 
 # shoal's modules whose code the timed kernels are (or run them)
 KERNEL_MODULES = ("shoal.models.linear_kernels", "shoal.models.numba_products",
-                  "shoal.models.panel_products")
+                  "shoal.models.panel_products", "shoal.models.vector_ir")
 
 
 def sources_digest(modules: tuple[str, ...]) -> str:

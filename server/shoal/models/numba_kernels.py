@@ -28,10 +28,10 @@ from typing import Any
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
-from numba.core import cgutils
 from numba.core import types as numba_types
 from numba.extending import intrinsic
+
+from shoal.models.vector_ir import prefetch
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +119,7 @@ def _prefetch(typingctx: Any, array: numba_types.Type, index: numba_types.Type) 
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        byte_ptr = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
-            "llvm.prefetch.p0i8")
-        address = builder.bitcast(builder.gep(data, [args[1]]), byte_ptr)
-        builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 3),
-                            ir.Constant(i32, 1)])
+        prefetch(builder, builder.gep(data, [args[1]]), locality=3)
         return context.get_dummy_value()
 
     return numba_types.void(array, index), codegen

@@ -33,23 +33,24 @@ from typing import Any
 import numba
 import numpy as np
 import torch
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba.core import cgutils
 from numba.core import types as numba_types
 from numba.extending import intrinsic
 
 from shoal.models.numba_kernels import Twins
-
-
-def _has_avx512() -> bool:
-    """Whether numba compiles for AVX-512: the host's features, or NUMBA_CPU_FEATURES where
-    set (as numba takes them)."""
-    features = numba.config.CPU_FEATURES
-    if features is None:
-        return bool(llvm.get_host_cpu_features().get("avx512f"))
-    return "+avx512f" in features.split(",")
-
+from shoal.models.vector_ir import (
+    F32,
+    I32,
+    VEC,
+    VECTOR,
+    broadcast,
+    fma,
+    i64,
+    prefetch,
+    vector_at,
+    zeros,
+)
 
 # A panel is PANEL output channels wide: PANEL_VECTORS vector registers of VECTOR floats. With
 # AVX2, 6 x 2 sums, two weight vectors and a broadcast fill 15 of its 16 256-bit registers; with
@@ -57,7 +58,7 @@ def _has_avx512() -> bool:
 # broadcast a memory operand of its multiply-add). On a 2-core Intel Xeon with AVX-512, 16-64
 # rows ran 1.4-1.6x faster with AVX-512's tile than with AVX2's (docs/benchmarks.md).
 PANEL = 16
-VECTOR, TILE_ROWS = (16, 24) if _has_avx512() else (8, 6)
+TILE_ROWS = 24 if VECTOR == 16 else 6
 PANEL_VECTORS = PANEL // VECTOR
 # A multiply-add waits on the one before it into the same sum (4 cycles, two issued a cycle): a
 # tile of few rows keeps too few sums to hide that, so it sums the input dimension in several
@@ -97,23 +98,10 @@ class Panels:
         return self.weights.nbytes + self.scale.nbytes
 
 
-_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-_VEC = ir.VectorType(_F32, VECTOR)
-
-
-def _i64(value: int) -> ir.Constant:
-    return ir.Constant(_I64, value)
-
-
-def _vector_at(builder: ir.IRBuilder, pointer: ir.Value, offset: ir.Value) -> ir.Value:
-    """A float pointer `offset` floats past `pointer`, as a pointer to `VECTOR` floats."""
-    return builder.bitcast(builder.gep(pointer, [offset]), _VEC.as_pointer())
-
-
 def _weights(builder: ir.IRBuilder, step: ir.Value, element: numba_types.Type
              ) -> list[ir.Value]:
     """The panel step at pointer `step` as PANEL_VECTORS float vectors (int8 widened)."""
-    wide = ir.VectorType(_F32, PANEL)
+    wide = ir.VectorType(F32, PANEL)
     if element == numba_types.int8:
         raw = builder.load(builder.bitcast(step, ir.VectorType(ir.IntType(8), PANEL).as_pointer()),
                            align=1)
@@ -121,14 +109,8 @@ def _weights(builder: ir.IRBuilder, step: ir.Value, element: numba_types.Type
     else:
         values = builder.load(builder.bitcast(step, wide.as_pointer()), align=4)
     return [builder.shuffle_vector(values, ir.Constant(wide, ir.Undefined), ir.Constant(
-        ir.VectorType(_I32, VECTOR), list(range(j * VECTOR, (j + 1) * VECTOR))))
+        ir.VectorType(I32, VECTOR), list(range(j * VECTOR, (j + 1) * VECTOR))))
         for j in range(PANEL_VECTORS)]
-
-
-def _broadcast(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    undef = ir.Constant(_VEC, ir.Undefined)
-    return builder.shuffle_vector(builder.insert_element(undef, value, ir.Constant(_I32, 0)),
-                                  undef, ir.Constant(ir.VectorType(_I32, VECTOR), [0] * VECTOR))
 
 
 @intrinsic
@@ -151,38 +133,31 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
         panel_i, row_i, rows_i, ahead_i = args[4:]
         depth = cgutils.unpack_tuple(builder, x_a.shape)[1]
         width = cgutils.unpack_tuple(builder, out_a.shape)[1]
-        panel_size = builder.mul(depth, _i64(PANEL))
+        panel_size = builder.mul(depth, i64(PANEL))
         panel_at = builder.gep(panels_a.data, [builder.mul(panel_i, panel_size)])
         ahead_at = builder.gep(panels_a.data, [builder.mul(ahead_i, panel_size)])
         x_at = builder.gep(x_a.data, [builder.mul(row_i, depth)])
-        first_channel = builder.mul(panel_i, _i64(PANEL))
+        first_channel = builder.mul(panel_i, i64(PANEL))
         out_at = builder.gep(out_a.data, [builder.add(builder.mul(row_i, width), first_channel)])
         scale_at = builder.gep(scale_a.data, [first_channel])
-        scales = [builder.load(_vector_at(builder, scale_at, _i64(j * VECTOR)), align=4)
+        scales = [builder.load(vector_at(builder, scale_at, i64(j * VECTOR)), align=4)
                   for j in range(PANEL_VECTORS)]
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
-                                             f"llvm.fma.v{VECTOR}f32")
-        byte_ptr = ir.IntType(8).as_pointer()
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, _I32, _I32, _I32]),
-            "llvm.prefetch.p0i8")
-        read, to_l2, data = ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)
+        multiply_add = fma(builder)
         element = sig.args[0].dtype
         step_bytes = PANEL * (1 if element == numba_types.int8 else 4)
 
         def step(lanes: list[list[list[ir.Value]]], k: ir.Value, fetch: bool) -> None:
             """One step over the input dimension at `k` into `lanes[r]` of each row r."""
-            at = builder.mul(k, _i64(PANEL))
+            at = builder.mul(k, i64(PANEL))
             if fetch:
-                builder.call(prefetch, [builder.bitcast(builder.gep(ahead_at, [at]), byte_ptr),
-                                        read, to_l2, data])
+                prefetch(builder, builder.gep(ahead_at, [at]), locality=2)
             weights = _weights(builder, builder.gep(panel_at, [at]), element)
             for r, row_sums in enumerate(lanes):
                 activation = builder.load(builder.gep(x_at, [builder.add(
-                    builder.mul(_i64(r), depth), k)]))
-                broadcast = _broadcast(builder, activation)
+                    builder.mul(i64(r), depth), k)]))
+                spread = broadcast(builder, activation)
                 for s, weight in zip(row_sums, weights):
-                    builder.store(builder.call(fma, [broadcast, weight, builder.load(s)]), s)
+                    builder.store(builder.call(multiply_add, [spread, weight, builder.load(s)]), s)
 
         # one block of code per tile height, the loop over the input dimension in each
         done = builder.append_basic_block("tile_done")
@@ -194,25 +169,25 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
             builder.position_at_end(block)
             unroll = _lanes(n)
             # sums[u][r][j]: lane u's sums of row r, vector j of the panel
-            sums = [[[cgutils.alloca_once(builder, _VEC) for _ in range(PANEL_VECTORS)]
+            sums = [[[cgutils.alloca_once(builder, VEC) for _ in range(PANEL_VECTORS)]
                      for _ in range(n)] for _ in range(unroll)]
             for lane in sums:
                 for row_sums in lane:
                     for s in row_sums:
-                        builder.store(ir.Constant(_VEC, [0.0] * VECTOR), s)
-            whole = builder.mul(builder.sdiv(depth, _i64(unroll)), _i64(unroll))
-            with cgutils.for_range_slice(builder, _i64(0), whole, _i64(unroll)) as (k, _):
+                        builder.store(zeros(), s)
+            whole = builder.mul(builder.sdiv(depth, i64(unroll)), i64(unroll))
+            with cgutils.for_range_slice(builder, i64(0), whole, i64(unroll)) as (k, _):
                 for u, lane in enumerate(sums):
-                    step(lane, builder.add(k, _i64(u)), fetch=u * step_bytes % _LINE == 0)
-            with cgutils.for_range_slice(builder, whole, depth, _i64(1)) as (k, _):
+                    step(lane, builder.add(k, i64(u)), fetch=u * step_bytes % _LINE == 0)
+            with cgutils.for_range_slice(builder, whole, depth, i64(1)) as (k, _):
                 step(sums[0], k, fetch=True)
             for r in range(n):
-                out_row = builder.mul(_i64(r), width)
+                out_row = builder.mul(i64(r), width)
                 for j in range(PANEL_VECTORS):
                     total = builder.load(sums[0][r][j])
                     for lane in sums[1:]:
                         total = builder.fadd(total, builder.load(lane[r][j]))
-                    target = _vector_at(builder, out_at, builder.add(out_row, _i64(j * VECTOR)))
+                    target = vector_at(builder, out_at, builder.add(out_row, i64(j * VECTOR)))
                     builder.store(builder.fmul(total, scales[j]), target, align=4)
             builder.branch(done)
         builder.position_at_end(done)
