@@ -46,6 +46,7 @@ from shoal.models.vector_ir import (
     VEC,
     VECTOR,
     broadcast,
+    by_count,
     fma,
     i64,
     prefetch,
@@ -229,17 +230,8 @@ def _weighted_values(typingctx: Any, v_pool: numba_types.Type, scores: numba_typ
         with (cgutils.for_range_slice(builder, i64(0), dim, i64(VECTOR)) as (d, _),
               cgutils.for_range_slice(builder, i64(0), group, i64(_GROUP_BLOCK)) as (first, _)):
             left = _smin(builder, builder.sub(group, first), i64(_GROUP_BLOCK))
-            done = builder.append_basic_block("heads_done")
-            sizes = [builder.append_basic_block(f"heads_{k}")
-                     for k in range(1, _GROUP_BLOCK + 1)]
-            switch = builder.switch(left, sizes[-1])
-            for k, size_block in enumerate(sizes, start=1):
-                switch.add_case(i64(k), size_block)
-            for k, size_block in enumerate(sizes, start=1):
-                builder.position_at_end(size_block)
-                block(first, k, d)
-                builder.branch(done)
-            builder.position_at_end(done)
+            by_count(builder, left, _GROUP_BLOCK, "heads",
+                     lambda heads: block(first, heads, d))
         return context.get_dummy_value()
 
     return numba_types.void(v_pool, scores, table, out, row, table_row, kv, n), codegen

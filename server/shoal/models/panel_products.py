@@ -45,6 +45,7 @@ from shoal.models.vector_ir import (
     VEC,
     VECTOR,
     broadcast,
+    by_count,
     fma,
     i64,
     prefetch,
@@ -159,14 +160,8 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
                 for s, weight in zip(row_sums, weights):
                     builder.store(builder.call(multiply_add, [spread, weight, builder.load(s)]), s)
 
-        # one block of code per tile height, the loop over the input dimension in each
-        done = builder.append_basic_block("tile_done")
-        heights = [builder.append_basic_block(f"tile_{n}_rows") for n in range(1, TILE_ROWS + 1)]
-        switch = builder.switch(rows_i, heights[-1])
-        for n, block in enumerate(heights, start=1):
-            switch.add_case(ir.Constant(rows_i.type, n), block)
-        for n, block in enumerate(heights, start=1):
-            builder.position_at_end(block)
+        def height(n: int) -> None:
+            """A tile of n rows: its sums, the loop over the input dimension, the stores."""
             unroll = _lanes(n)
             # sums[u][r][j]: lane u's sums of row r, vector j of the panel
             sums = [[[cgutils.alloca_once(builder, VEC) for _ in range(PANEL_VECTORS)]
@@ -189,8 +184,9 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
                         total = builder.fadd(total, builder.load(lane[r][j]))
                     target = vector_at(builder, out_at, builder.add(out_row, i64(j * VECTOR)))
                     builder.store(builder.fmul(total, scales[j]), target, align=4)
-            builder.branch(done)
-        builder.position_at_end(done)
+
+        # one block of code per tile height, the loop over the input dimension in each
+        by_count(builder, rows_i, TILE_ROWS, "tile_rows", height)
         return context.get_dummy_value()
 
     return numba_types.void(panels, x, scale, out, panel, row, rows, ahead), codegen

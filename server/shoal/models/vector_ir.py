@@ -4,6 +4,8 @@ for on this host and the instructions those kernels share."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba
 from llvmlite import binding as llvm
 from llvmlite import ir
@@ -61,3 +63,20 @@ def prefetch(builder: ir.IRBuilder, pointer: ir.Value, locality: int) -> None:
         "llvm.prefetch.p0i8")
     builder.call(function, [builder.bitcast(pointer, _BYTE_PTR), ir.Constant(I32, 0),
                             ir.Constant(I32, locality), ir.Constant(I32, 1)])
+
+
+def by_count(builder: ir.IRBuilder, count: ir.Value, most: int, name: str,
+             emit: Callable[[int], None]) -> None:
+    """Code specialized for each value 1..`most` of the runtime `count` (registers sized at
+    compile time): a switch to one block per value, `emit(n)` writing block n's code; any
+    other count runs block `most`. The builder continues after them."""
+    done = builder.append_basic_block(f"{name}_done")
+    blocks = [builder.append_basic_block(f"{name}_{n}") for n in range(1, most + 1)]
+    switch = builder.switch(count, blocks[-1])
+    for n, block in enumerate(blocks, start=1):
+        switch.add_case(ir.Constant(count.type, n), block)
+    for n, block in enumerate(blocks, start=1):
+        builder.position_at_end(block)
+        emit(n)
+        builder.branch(done)
+    builder.position_at_end(done)
