@@ -48,6 +48,10 @@ def run(label: str, data: dict[str, Any] | None, code: int = 0) -> Run:
                returncode=code, data=data)
 
 
+def generated(tps: float) -> dict[str, Any]:
+    return {"tokens_per_s": tps, "decode_tokens_per_s": tps + 1}
+
+
 def results(tps: dict[tuple[str, tuple[int, int], int], float] | None = None,
             ttft32: dict[str, float] | None = None, gen: float = 14.0,
             radix_ttft: tuple[float, float] = (200.0, 1000.0)) -> SuiteResults:
@@ -67,10 +71,7 @@ def results(tps: dict[tuple[str, tuple[int, int], int], float] | None = None,
             f"{system.replace(' ', '-')}-{shape[0]}x{shape[1]}-c{c}", serving(v, ttft_ms=ms))]
     res.forward = {1: [run("fwd-b1", {"result": {"tokens_per_s": 45.0}})],
                    32: [run("fwd-b32", {"result": {"tokens_per_s": 330.0}})]}
-    res.generate = [run("gen-t1", {"tokens_per_s": gen, "decode_tokens_per_s": gen + 1,
-                                   "num_threads": 1}),
-                    run("gen-t2", {"tokens_per_s": gen / 2, "decode_tokens_per_s": gen,
-                                   "num_threads": 2})]
+    res.generate = {1: [run("gen-t1", generated(gen))], 2: [run("gen-t2", generated(gen / 2))]}
     on, off = radix_ttft
     for shape in CFG.shared_shapes:
         res.shared[(True, shape)] = run(f"radix-{shape}", serving(5.0, ttft_ms=on))
@@ -85,7 +86,7 @@ def by_name(cfg: SuiteConfig, res: SuiteResults) -> dict[str, tuple[float | None
 
 def test_every_issue_criterion_is_checked_and_passes_on_good_numbers() -> None:
     crit = by_name(CFG, results())
-    assert all(verdict == "PASS" for _, verdict in crit.values()), crit
+    assert all(verdict in ("PASS", "counts") for _, verdict in crit.values()), crit
     ratios = [r for r, _ in crit.values()]
     assert ratios[:5] == pytest.approx([40 / 35, 300 / 180, 1100 / 1000, 80 / 40, 80 / 60])
     assert len(crit) == 14  # 1: c1, c32, TTFT; 2: int8/f32, int8/Q8 x2; 4: 2 shapes vs
@@ -104,13 +105,12 @@ def test_targets_fail_where_the_issue_draws_the_line() -> None:
         "2. concurrency 1: shoal w8a16 / shoal float32",  # 1.75
         "4. 150 in / 64 out, concurrency 32: shoal / transformers serve CB",  # 1.98
         "4. shoal at concurrency 32 / the bare forward of its workload",  # 260 / 330 = 0.79
-        "4. shared prefix 1024 + suffix 32: mean TTFT without / with the radix cache",
-        "4. shared prefix 512 + suffix 64: mean TTFT without / with the radix cache",
-        "4. shared-prefix shapes with a 4x TTFT from the radix cache"}
+        "4. shared-prefix shapes with a 4x TTFT from the radix cache"}  # 0 of 2 (3.33x)
 
 
 def test_the_radix_cache_must_give_its_4x_on_more_than_one_shape() -> None:
-    """Each shape's ratio is listed with its own verdict; the criterion is how many reach 4x."""
+    """Each shape's ratio is listed, counted or not; the criterion is how many reach 4x (with one
+    shape, that shape's ratio is the criterion)."""
     shapes = ((2048, 32), (1024, 32), (512, 64))
     cfg = dataclasses.replace(CFG, shared_shapes=shapes)
     summary = "4. shared-prefix shapes with a 4x TTFT from the radix cache"
@@ -121,8 +121,15 @@ def test_the_radix_cache_must_give_its_4x_on_more_than_one_shape() -> None:
             res.shared[(False, shape)] = run(f"no-radix-{shape}", serving(5.0, ttft_ms=off))
         crit = by_name(cfg, res)
         assert crit["4. shared prefix 512 + suffix 64: mean TTFT without / with the radix "
-                    "cache"] == (3.0, "FAIL")
+                    "cache"] == (3.0, "not counted")
+        assert crit["4. shared prefix 2048 + suffix 32: mean TTFT without / with the radix "
+                    "cache"] == (15.0, "counts")
         assert crit[summary] == (float(passing), "PASS" if passing >= 2 else "FAIL")
+    one = dataclasses.replace(CFG, shared_shapes=((512, 64),))
+    crit = by_name(one, results(radix_ttft=(300.0, 1000.0)))
+    assert crit["4. shared prefix 512 + suffix 64: mean TTFT without / with the radix "
+                "cache"] == (pytest.approx(1000 / 300), "FAIL")
+    assert summary not in crit
 
 
 def test_a_failed_run_makes_its_criterion_unavailable_and_the_clean_check_fail() -> None:
@@ -186,6 +193,29 @@ def test_generate_baseline_is_the_best_thread_count() -> None:
         == pytest.approx(40 / 14)  # t1 (14) beats t2 (7)
 
 
+def test_generate_runs_in_rounds_paired_with_shoals_single_stream(tmp_path: Path) -> None:
+    """Each round's shoal run over that round's faster thread count; a round where generate
+    failed on every thread count drops out."""
+    res = results()
+    res.serving[(SHOAL, MAIN, 1)] = [run(f"shoal-r{i}", serving(v))
+                                     for i, v in enumerate((30.0, 40.0, 50.0, 60.0))]
+    res.generate = {
+        1: [run("g1-r0", generated(20.0)), run("g1-r1", generated(25.0)),
+            run("g1-r2", None, code=1), run("g1-r3", None, code=1)],
+        2: [run("g2-r0", generated(24.0)), run("g2-r1", generated(20.0)),
+            run("g2-r2", generated(40.0)), run("g2-r3", None, code=1)]}
+    crit = {c.name: c for c in acceptance(CFG, res)}
+    single = crit["single stream: shoal at concurrency 1 / transformers generate at batch 1"]
+    assert single.ratio == pytest.approx(1.25)  # rounds 30/24, 40/25, 50/40
+    assert single.measured == "40.00 / 25.00 tok/s; rounds 1.25 1.60 1.25"
+    assert single.verdict == "FAIL"
+    md = tmp_path / "benchmarks.md"
+    write_report(CFG, res, {"cpu": "x"}, 60.0, md, tmp_path / "plot.png")
+    text = md.read_text()
+    assert "| transformers generate, batch 1, 1 threads | 20.00 | 21.00 |" in text
+    assert "| transformers generate, batch 1, 2 threads | 24.00 | 25.00 |" in text
+
+
 def test_workloads_seeds_and_shapes() -> None:
     cfg = SuiteConfig()
     assert cfg.workloads((1, 32)) == [((64, 128), 1), ((64, 128), 32), ((150, 64), 32),
@@ -229,8 +259,12 @@ def test_report_has_every_table_and_keeps_the_sections_after_where_the_time_goes
     md.write_text(f"# old\n\n| stale | table |\n\n{KEEP_SECTION}\n\nDecode is bound by gathers.\n"
                   f"\n## Router: cache_aware vs round_robin\n\n| policy | TTFT |\n")
     machine = {"cpu": "Test CPU", "cores": "2", "memory": "24.0 GiB"}
-    write_report(CFG, results(), machine, 600.0, md, tmp_path / "plot.png")
+    res = results()
+    res.notes = ["llama.cpp Q8_0: runs with --no-repack"]
+    write_report(CFG, res, machine, 600.0, md, tmp_path / "plot.png")
     text = md.read_text()
+    assert "## Notes\n\n- llama.cpp Q8_0: runs with --no-repack" in text
+    assert "## Failures" not in text
     assert "| cpu | Test CPU |" in text
     # concurrency, shoal, w8a16, llama F32, Q8_0, transformers, bare forward, ratios
     assert "| 32 | 300.0 | 400.0 | 180.0 | 250.0 | 100.0 | 330.0 | 1.67 | 1.60 | 3.00 | 0.91 |" \
@@ -313,7 +347,7 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
         flags.setdefault(name, given), fake_server(name))[1])
     monkeypatch.setattr(suite, "transformers_server", lambda name, *rest: fake_server(name))
     monkeypatch.setattr(suite, "llama_server", lambda name, *rest, **_: fake_server(name))
-    monkeypatch.setattr(suite.Suite, "generate", lambda self: None)
+    monkeypatch.setattr(suite, "generate_run", fake_run)
     monkeypatch.setattr(suite.Suite, "llama_ggufs", lambda self: (Path("f32"), Path("q8")))
     monkeypatch.setattr(suite.httpx, "post", lambda *a, **k: type("R", (), {"status_code": 200}))
     FakeServer.started, FakeServer.dies = [], {TRANSFORMERS}
@@ -324,10 +358,11 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     res = suite.Suite(cfg, tmp_path, Path("bin"),
                       lambda r: phases.append(len(r.serving))).run()
     rounds = [f"-r{r}" for r in (1, 2)]
+    generate = [f"generate-t{n}" for n in cfg.generate_threads(os.cpu_count() or 1)]
     assert calls == [
         *(name + r for r in rounds for name in (
-            "shoal-64x128-c1", "forward-b1", "llama-cpp-F32-64x128-c1", "shoal-w8a16-64x128-c1",
-            "llama-cpp-Q8-0-64x128-c1")),
+            "shoal-64x128-c1", "forward-b1", *generate, "llama-cpp-F32-64x128-c1",
+            "shoal-w8a16-64x128-c1", "llama-cpp-Q8-0-64x128-c1")),
         "transformers-serve-CB-64x128-c1",
         *(name + r for r in rounds for name in (
             "shoal-64x128-c32", "forward-b32", "llama-cpp-F32-64x128-c32")),
@@ -390,6 +425,7 @@ def test_a_llama_server_killed_by_an_illegal_instruction_runs_again_without_repa
         assert run_.llama_phase_server(stack, LLAMA_Q8, Path("q8"), 1, [(MAIN, 1)]) is not None
         assert run_.llama_phase_server(stack, LLAMA_F32, Path("f32"), 1, [(MAIN, 1)]) is None
     assert run_.no_repack == {Path("q8")}
-    # Q8_0's death and the note, then F32's death (not retried)
-    assert len(run_.res.errors) == 3 and "--no-repack from here on" in run_.res.errors[1]
+    # Q8_0's death is a note (every measurement still taken); F32's, not retried, a failure
+    assert len(run_.res.notes) == 1 and "--no-repack from here on" in run_.res.notes[0]
+    assert len(run_.res.errors) == 1 and run_.res.errors[0].startswith(LLAMA_F32)
     assert not q8.alive()

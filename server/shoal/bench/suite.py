@@ -2,21 +2,21 @@
 same weights) vs `transformers serve --continuous-batching` vs the bare-forward ceiling.
 
 One run on one machine, the same workload for everyone:
-    1. transformers `generate` at batch 1 (best of 1 thread and all cores);
-    2. one phase per concurrency c, those the acceptance ratios read first (1, the ratio
+    1. one phase per concurrency c, those the acceptance ratios read first (1, the ratio
        concurrency, the int8 ones, then the rest), in head-to-head rounds
        (`SuiteConfig.rounds`; each round its own prompts): `shoal serve` on the random dataset
-       and right after it `shoal bench forward` at batch c (the server up and idle),
+       and right after it `shoal bench forward` at batch c (the server up and idle), at c = 1
+       then transformers `generate` at batch 1 (1 thread and all cores),
        `llama-server` on the F32 GGUF with `-np` c, and at the int8 concurrencies `shoal serve
        --quantization w8a16` and `llama-server` on the Q8_0 GGUF, in turns, so that each ratio
        is the median of ratios of runs seconds apart (what this shared 2-core host gives moves
        30-50% between minutes); then at the ratio concurrency the other random shapes on shoal
        and llama.cpp F32 once, and `transformers serve --continuous-batching` once on every
        workload of the phase;
-    3. once every other server has stopped, the shared-prefix dataset at each prefix/suffix
+    2. once every other server has stopped, the shared-prefix dataset at each prefix/suffix
        shape on a shoal server of its own (cache flushed first), then on one with
        `--disable-radix-cache` (both with a KV pool sized for these shapes);
-    4. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
+    3. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
 Writes docs/benchmarks.md (from its section "Where the time goes" to the end, an existing file
 is kept) and docs/benchmarks_throughput.png after each phase, so that a run cut short leaves
@@ -81,6 +81,17 @@ def forward_run(label: str, cfg: SuiteConfig, batch_size: int, results: Path) ->
     return Run(label, [sys.executable, "-m", "shoal", "bench", "forward", "--batch-size",
                        str(batch_size), "--input-len", str(cfg.input_len), "--output-len",
                        str(cfg.output_len), "--output-file", str(out)], out).execute()
+
+
+def generate_run(label: str, cfg: SuiteConfig, threads: int, round_: int, results: Path
+                 ) -> Run:
+    """transformers `generate` at batch 1 on a prompt made with the round's seed."""
+    out = results / f"{label}.json"
+    return Run(label, [sys.executable, "-m", "shoal.bench.hf_generate", "--input-len",
+                       str(cfg.input_len), "--output-len", str(cfg.output_len), "--num-threads",
+                       str(threads), "--repeats", str(cfg.generate_repeats), "--seed",
+                       str(cfg.seed_for(cfg.shape, 1, round_)), "--output-file", str(out)],
+               out).execute()
 
 
 def random_args(cfg: SuiteConfig, shape: Shape, concurrency: int, round_: int = 0) -> list[str]:
@@ -214,7 +225,6 @@ class Suite:
                 for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
                     self.llama_trial(llama[0], c, t)
             self.progress()
-        self.generate()
         return self.res
 
     def phase(self, c: int, llama: tuple[Path, Path] | None) -> None:
@@ -239,6 +249,8 @@ class Suite:
                     self.random(SHOAL, shoal, cfg.shape, c, round_)
                     self.res.forward.setdefault(c, []).append(
                         forward_run(f"forward-b{c}-r{round_ + 1}", cfg, c, results))
+                if c == 1:
+                    self.generate(round_)
                 if f32 is not None:
                     self.random(LLAMA_F32, f32, cfg.shape, c, round_)
                 if shoal_int8 is not None:
@@ -257,15 +269,12 @@ class Suite:
             if hf is not None:
                 self.randoms(TRANSFORMERS, work)(hf)
 
-    def generate(self) -> None:
-        cfg = self.cfg
-        for n in cfg.generate_threads(os.cpu_count() or 1):
-            out = self.results / f"generate-t{n}.json"
-            self.res.generate.append(Run(f"generate-t{n}", [
-                sys.executable, "-m", "shoal.bench.hf_generate", "--input-len",
-                str(cfg.input_len), "--output-len", str(cfg.output_len), "--num-threads", str(n),
-                "--repeats", str(cfg.generate_repeats), "--seed", str(cfg.seed),
-                "--output-file", str(out)], out).execute())
+    def generate(self, round_: int) -> None:
+        """transformers `generate` at batch 1 on each thread count, in a round of concurrency 1
+        (the single-stream ratio pairs it with shoal's run of that round)."""
+        for n in self.cfg.generate_threads(os.cpu_count() or 1):
+            self.res.generate.setdefault(n, []).append(generate_run(
+                f"generate-t{n}-r{round_ + 1}", self.cfg, n, round_, self.results))
 
     def shared_prefixes(self, radix: bool) -> Callable[[Server], None]:
         """Every shared-prefix shape, on a server of its own (its KV pool sized for them)."""
@@ -313,14 +322,21 @@ class Suite:
         """`llama` started until `stack` closes; None if it would not start. A build whose
         repacked-weight kernels hit an illegal instruction at load (llama.cpp's AMX Q8_0 kernel
         did on a 2-core Xeon whose AMX runs) is started again with `--no-repack`, and that GGUF
-        keeps it for the rest of the run (recorded under the report's failures)."""
+        keeps it for the rest of the run: a note in the report, not a failure, since every
+        measurement is still taken (a second death is a failure)."""
         server = self.llama(system, gguf, concurrency, work)
-        started = self.phase_server(stack, server)
-        if started is not None or server.exit_code() != -signal.SIGILL or gguf in self.no_repack:
-            return started
+        stack.callback(server.stop)
+        self.res.servers[server.name] = server.command()
+        try:
+            return server.start()
+        except SERVER_ERRORS as exc:
+            if server.exit_code() != -signal.SIGILL or gguf in self.no_repack:
+                self.record_error(server, exc)
+                return None
         self.no_repack.add(gguf)
-        self.res.errors.append(f"{system}: an illegal instruction while loading; this GGUF's "
-                               f"llama-server runs with --no-repack from here on")
+        self.res.notes.append(f"{system}: `llama-server` died on an illegal instruction while "
+                              f"loading (log: {server.log_path}); this GGUF's servers run with "
+                              f"--no-repack from here on")
         return self.phase_server(stack, self.llama(system, gguf, concurrency, work))
 
     def llama_trial(self, gguf: Path, concurrency: int, threads: int) -> None:
@@ -417,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if done else " (run still in progress)"))}
         (results / "suite.json").write_text(json.dumps(
             {"config": dataclasses.asdict(cfg), "machine": info, "wall_s": wall_s,
-             "done": done, "servers": res.servers, "errors": res.errors}, indent=2) + "\n")
+             "done": done, "servers": res.servers, "errors": res.errors, "notes": res.notes},
+            indent=2) + "\n")
         write_report(cfg, res, info, wall_s, docs / "benchmarks.md",
                      docs / "benchmarks_throughput.png")
         plot_throughput(cfg, res, docs / "benchmarks_throughput.png")
@@ -430,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{docs / 'benchmarks_throughput.png'}; raw results in {results}", file=sys.stderr)
     for crit in acceptance(cfg, res):
         print(f"[suite] {crit.verdict:4} {crit.name}: {crit.measured}", file=sys.stderr)
+    for note in res.notes:
+        print(f"[suite] note: {note}", file=sys.stderr)
     failed = res.errors or any(not r.ok for r in res.all_runs())
     return 1 if failed else 0
 

@@ -207,11 +207,14 @@ class SuiteResults:
     # concurrency -> bare-forward runs at batch = concurrency, one right after each of shoal's
     # rounds
     forward: dict[int, list[Run]] = dataclasses.field(default_factory=dict)
-    generate: list[Run] = dataclasses.field(default_factory=list)
+    # threads -> transformers `generate` runs at batch 1, one per round of concurrency 1
+    generate: dict[int, list[Run]] = dataclasses.field(default_factory=dict)
     # (radix on?, (prefix, suffix)) -> serving run of the shared-prefix dataset
     shared: dict[tuple[bool, Shape], Run] = dataclasses.field(default_factory=dict)
     servers: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> command
     errors: list[str] = dataclasses.field(default_factory=list)
+    # what the run worked around and went on with, nothing lost (a peer's flag changed)
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def rounds(self, system: str, concurrency: int, shape: Shape) -> list[Run]:
         return self.serving.get((system, shape, concurrency), [])
@@ -221,8 +224,8 @@ class SuiteResults:
         return median_run(self.rounds(system, concurrency, shape))
 
     def all_runs(self) -> list[Run]:
-        runs = [*(r for rounds in self.forward.values() for r in rounds), *self.generate,
-                *self.serving_runs()]
+        runs = [*(r for rounds in self.forward.values() for r in rounds),
+                *(r for rounds in self.generate.values() for r in rounds), *self.serving_runs()]
         return sorted(runs, key=lambda r: r.started)
 
     def serving_runs(self) -> list[Run]:
