@@ -350,7 +350,7 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     monkeypatch.setattr(suite, "generate_run", fake_run)
     monkeypatch.setattr(suite.Suite, "llama_ggufs", lambda self: (Path("f32"), Path("q8")))
     monkeypatch.setattr(suite.httpx, "post", lambda *a, **k: type("R", (), {"status_code": 200}))
-    FakeServer.started, FakeServer.dies = [], {TRANSFORMERS}
+    FakeServer.started, FakeServer.dies = [], {SHOAL}
     cfg = SuiteConfig(concurrencies=(1, 4, 32), extra_shapes=((150, 64),),
                       int8_concurrencies=(1,), shared_shapes=((256, 16),), llama_cpp_threads=1,
                       llama_cpp_thread_trials=(2,), rounds=2)
@@ -373,11 +373,14 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
         "transformers-serve-CB-64x128-c4",
         "shoal-shared-prefix-256+16", "shoal-shared-prefix-256+16-no-radix",
         "llama-cpp-F32-64x128-c1-t2", "llama-cpp-F32-64x128-c32-t2"]
-    # shoal, shoal w8a16 and transformers started once; a llama-server per phase and trial
-    assert FakeServer.started.count(SHOAL) == 1
-    # transformers was found dead after the first phase: started again, the death recorded
-    assert FakeServer.started.count(TRANSFORMERS) == 2
-    assert len(res.errors) == 1 and res.errors[0].startswith(TRANSFORMERS + " exited with")
+    # shoal w8a16 started once; a llama-server and a transformers serve per phase, a
+    # llama-server per trial
+    assert FakeServer.started.count(SHOAL_INT8) == 1
+    assert [n for n in FakeServer.started if n.startswith(TRANSFORMERS)] == [
+        f"{TRANSFORMERS} (concurrency {c})" for c in (1, 32, 4)]
+    # shoal was found dead when the second phase asked for it: started again, the death recorded
+    assert FakeServer.started.count(SHOAL) == 2
+    assert len(res.errors) == 1 and res.errors[0].startswith(SHOAL + " exited with")
     assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started or os.cpu_count() != 2
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
     assert phases == [5, 11, 14, 14, 14]  # after each concurrency, no-radix, the trials

@@ -11,8 +11,8 @@ One run on one machine, the same workload for everyone:
        --quantization w8a16` and `llama-server` on the Q8_0 GGUF, in turns, so that each ratio
        is the median of ratios of runs seconds apart (what this shared 2-core host gives moves
        30-50% between minutes); then at the ratio concurrency the other random shapes on shoal
-       and llama.cpp F32 once, and `transformers serve --continuous-batching` once on every
-       workload of the phase;
+       and llama.cpp F32 once, and `transformers serve --continuous-batching` (a server of the
+       phase's own) once on every workload of the phase;
     2. once every other server has stopped, the shared-prefix dataset at each prefix/suffix
        shape on a shoal server of its own (cache flushed first), then on one with
        `--disable-radix-cache` (both with a KV pool sized for these shapes);
@@ -118,9 +118,11 @@ def random_label(system: str, shape: Shape, concurrency: int) -> str:
 class Suite:
     """The run, one concurrency at a time (`SuiteConfig.phase_order`): every server measured at
     that concurrency back to back, in rounds, so that each ratio compares runs seconds apart on
-    a host whose load drifts, and a run cut short has whole comparisons. shoal's and
-    transformers' servers stay up across phases; the `llama-server`s (F32, and Q8_0 at the int8
-    concurrencies) are started per phase (`-np` = concurrency).
+    a host whose load drifts, and a run cut short has whole comparisons. shoal's servers stay
+    up across phases; the `llama-server`s (F32, and Q8_0 at the int8 concurrencies, `-np` =
+    concurrency) and `transformers serve` are started per phase (transformers' model process
+    kept ~14 GB after a 32-stream phase, and with shoal's servers and the bare forward at 64
+    rows beside it the 24 GB host ran out of memory and thrashed).
     `on_progress` runs after each phase."""
 
     def __init__(self, cfg: SuiteConfig, results: Path, llama_bin: Path | None,
@@ -263,11 +265,10 @@ class Suite:
                 if f32 is not None:
                     self.random(LLAMA_F32, f32, shape, c)
         if work and not cfg.skip_transformers:
-            threads = cfg.hf_threads(os.cpu_count() or 1)
-            hf = self.server(lambda: transformers_server(
-                TRANSFORMERS, str(model_store.prepare()), threads, results))
-            if hf is not None:
-                self.randoms(TRANSFORMERS, work)(hf)
+            self.serve(transformers_server(f"{TRANSFORMERS} (concurrency {c})",
+                                           str(model_store.prepare()),
+                                           cfg.hf_threads(os.cpu_count() or 1), results),
+                       self.randoms(TRANSFORMERS, work))
 
     def generate(self, round_: int) -> None:
         """transformers `generate` at batch 1 on each thread count, in a round of concurrency 1
