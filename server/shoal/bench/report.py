@@ -76,8 +76,9 @@ def _threads_note(cfg: SuiteConfig) -> str:
             f"advise, like shoal's forward)"
             + (f", and once with `-t {', '.join(map(str, trials))}` at concurrency 1 and "
                f"{cfg.ratio_concurrency} (table below)" if trials else "")
-            + f"; `generate` is the best of "
-            f"{{{', '.join(map(str, cfg.generate_threads(cores)))}}} threads.")
+            + f"; `generate` runs on "
+            f"{{{', '.join(map(str, cfg.generate_threads(cores)))}}} threads, the faster one "
+            f"in each round.")
 
 
 def _latency_rows(res: SuiteResults) -> list[str]:

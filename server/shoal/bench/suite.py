@@ -177,13 +177,19 @@ class Suite:
 
     def start(self, server: Server) -> bool:
         """Start `server`, its command recorded; False (the error recorded) if it would not."""
+        exc = self.try_start(server)
+        if exc is not None:
+            self.record_error(server, exc)
+        return exc is None
+
+    def try_start(self, server: Server) -> Exception | None:
+        """Start `server`, its command recorded; what it raised if it would not start."""
         self.res.servers[server.name] = server.command()
         try:
             server.start()
         except SERVER_ERRORS as exc:
-            self.record_error(server, exc)
-            return False
-        return True
+            return exc
+        return None
 
     def record_error(self, server: Server, exc: Exception) -> None:
         self.res.errors.append(f"{server.name}: {type(exc).__name__}: {exc}")
@@ -327,13 +333,12 @@ class Suite:
         measurement is still taken (a second death is a failure)."""
         server = self.llama(system, gguf, concurrency, work)
         stack.callback(server.stop)
-        self.res.servers[server.name] = server.command()
-        try:
-            return server.start()
-        except SERVER_ERRORS as exc:
-            if server.exit_code() != -signal.SIGILL or gguf in self.no_repack:
-                self.record_error(server, exc)
-                return None
+        exc = self.try_start(server)
+        if exc is None:
+            return server
+        if server.exit_code() != -signal.SIGILL or gguf in self.no_repack:
+            self.record_error(server, exc)
+            return None
         self.no_repack.add(gguf)
         self.res.notes.append(f"{system}: `llama-server` died on an illegal instruction while "
                               f"loading (log: {server.log_path}); this GGUF's servers run with "
