@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from shoal.bench.forward import alloc_rows, decode_step, prefill
 from shoal.cli import main
 from shoal.config import ServerArgs
+from shoal.cpu_cores import usable_cores
 from shoal.engine.model_runner import ModelRunner
 from shoal.engine.threads import RankThreads
 from shoal.models.forward_batch import ForwardBatch
@@ -39,7 +39,7 @@ def test_forward_command_reports_tokens_per_second(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     r = data["result"]
     assert (r["batch_size"], r["input_len"], r["output_len"], r["prefill_tokens"]) == (3, 24, 4, 40)
-    assert r["num_threads"] == RankThreads.for_host(os.cpu_count() or 1, 1, spare_core=False).base
+    assert r["num_threads"] == RankThreads.for_host(usable_cores(), 1, spare_core=False).base
     assert (r["device"], r["dtype"]) == ("cpu", "float32")
     assert r["prefill_s"] > 0 and r["decode_s"] > 0
     assert r["total_s"] == pytest.approx(r["prefill_s"] + r["decode_s"])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ import torch
 
 from shoal import model_store
 from shoal.config import ServerArgs
+from shoal.cpu_cores import usable_cores
 from shoal.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from shoal.engine.threads import RankThreads
 from shoal.models.forward_batch import ForwardBatch
@@ -82,7 +82,7 @@ class Timings:
 def run_forward_bench(cfg: ForwardBenchConfig) -> ForwardBenchResult:
     device = resolve_device(cfg.device)
     threads = (RankThreads(cfg.num_threads, cfg.num_threads) if cfg.num_threads
-               else RankThreads.for_host(os.cpu_count() or 1, 1, spare_core=ServerArgs()
+               else RankThreads.for_host(usable_cores(), 1, spare_core=ServerArgs()
                                          .use_overlap_schedule(device.type)))
     torch.set_num_threads(threads.base)
     torch.manual_seed(cfg.seed)

@@ -34,6 +34,7 @@ from shoal.bench.suite_runs import (
     SuiteResults,
     median_run,
 )
+from shoal.cpu_cores import usable_cores
 from shoal.engine.threads import torch_threads_per_rank
 
 KEEP_SECTION = "## Where the time goes"
@@ -64,7 +65,7 @@ def machine_info() -> dict[str, str]:
 
 
 def _threads_note(cfg: SuiteConfig) -> str:
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     threads = torch_threads_per_rank(cores, 1, spare_core=False)
     llama, trials = cfg.llama_threads(cores), cfg.llama_thread_trials(cores)
     return (f"Threads: shoal's scheduler and the bare forward use {threads} torch thread(s) "
@@ -185,7 +186,7 @@ def _shapes_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
 def _llama_threads_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
     if not res.llama_threads:
         return []
-    main = cfg.llama_threads(os.cpu_count() or 1)
+    main = cfg.llama_threads(usable_cores())
     lines = ["", "### llama.cpp thread counts", "",
              f"llama.cpp F32, {cfg.input_len} in / {cfg.output_len} out; output tok/s (mean "
              f"TPOT in ms).", "", "| `-t` | concurrency | output tok/s | TPOT mean |",

@@ -16,6 +16,7 @@ import httpx
 
 from shoal.bench import llama_cpp
 from shoal.bench.suite_runs import display_argv
+from shoal.cpu_cores import usable_cores
 from shoal.ports import free_port
 
 STARTUP_TIMEOUT_S = 600.0
@@ -94,6 +95,6 @@ def transformers_server(name: str, model_path: str, threads: int, log_dir: Path)
 def llama_server(name: str, bin_dir: Path, gguf: Path, parallel: int, threads: int,
                  max_tokens: int, log_dir: Path, repack: bool = True) -> Server:
     port = free_port()
-    argv = llama_cpp.server_argv(bin_dir, gguf, port, parallel, threads, os.cpu_count() or 1,
+    argv = llama_cpp.server_argv(bin_dir, gguf, port, parallel, threads, usable_cores(),
                                  max_tokens, repack)
     return Server(name, argv, {}, f"http://127.0.0.1:{port}", log_dir / f"{_slug(name)}.log")

@@ -60,6 +60,7 @@ from shoal.bench.suite_runs import (
     SuiteConfig,
     SuiteResults,
 )
+from shoal.cpu_cores import usable_cores
 
 # what starting or talking to a benchmarked server may raise; recorded, and the run goes on
 SERVER_ERRORS = (RuntimeError, OSError, httpx.HTTPError)
@@ -132,7 +133,7 @@ class Suite:
         self.llama_bin = llama_bin
         self.on_progress = on_progress
         self.res = SuiteResults()
-        self.llama_threads = cfg.llama_threads(os.cpu_count() or 1)
+        self.llama_threads = cfg.llama_threads(usable_cores())
         self.kv = ("--max-total-tokens", str(cfg.kv_tokens))
         self.up: dict[str, Server] = {}
         self.failed: set[str] = set()
@@ -229,7 +230,7 @@ class Suite:
                    self.shared_prefixes(radix=False))
         self.progress()
         if llama is not None:
-            for t in cfg.llama_thread_trials(os.cpu_count() or 1):
+            for t in cfg.llama_thread_trials(usable_cores()):
                 for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
                     self.llama_trial(llama[0], c, t)
             self.progress()
@@ -273,13 +274,13 @@ class Suite:
         if work and not cfg.skip_transformers:
             self.serve(transformers_server(f"{TRANSFORMERS} (concurrency {c})",
                                            str(model_store.prepare()),
-                                           cfg.hf_threads(os.cpu_count() or 1), results),
+                                           cfg.hf_threads(usable_cores()), results),
                        self.randoms(TRANSFORMERS, work))
 
     def generate(self, round_: int) -> None:
         """transformers `generate` at batch 1 on each thread count, in a round of concurrency 1
         (the single-stream ratio pairs it with shoal's run of that round)."""
-        for n in self.cfg.generate_threads(os.cpu_count() or 1):
+        for n in self.cfg.generate_threads(usable_cores()):
             self.res.generate.setdefault(n, []).append(generate_run(
                 f"generate-t{n}-r{round_ + 1}", self.cfg, n, round_, self.results))
 

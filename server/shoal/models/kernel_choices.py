@@ -27,6 +27,7 @@ import numba
 import numpy as np
 import torch
 
+from shoal.cpu_cores import usable_cores
 from shoal.model_store import shoal_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def _host() -> str:
         cpu = f"{fields.get('model name', cpu)} {fields.get('flags', '')}"
     except OSError:
         pass
-    return json.dumps([cpu, os.cpu_count(), torch.__version__, np.__version__,
+    return json.dumps([cpu, usable_cores(), torch.__version__, np.__version__,
                        numba.__version__, sources_digest(KERNEL_MODULES)])
 
 

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import uuid
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import zmq
 
 from shoal import faults
 from shoal.config import ComponentArgs, ServerArgs
+from shoal.cpu_cores import usable_cores
 from shoal.disaggregation.decode import DecodeTransfer
 from shoal.disaggregation.layout import LocalModel, advertised_host, layout_of, model_fingerprint
 from shoal.disaggregation.prefill import PrefillTransfer
@@ -87,7 +87,7 @@ def run_scheduler(args: ServerArgs, component: ComponentArgs) -> None:
         encoder = is_encoder_model(resolve_model_path(args))
         overlap = not encoder and args.use_overlap_schedule(device.type)
         # an embedding rank leaves a core to the api, which works on every one of its requests
-        threads = RankThreads.for_host(os.cpu_count() or 1, args.ranks_per_node,
+        threads = RankThreads.for_host(usable_cores(), args.ranks_per_node,
                                        spare_core=overlap or encoder)
         torch.set_num_threads(threads.base)
         groups = init_distributed(layout, args.dist_init_addr, device,

@@ -328,6 +328,31 @@ def test_exit_code_and_termination_message_land_in_the_container_status(
     assert not Path("/dev/termination-log").exists()  # each pod's own, never the host's
 
 
+def test_a_cpu_limit_is_a_cgroup_quota_the_engine_counts(kube: DynamicClient,
+                                                        namespace: str) -> None:
+    """`resources.limits.cpu` becomes the CFS quota of the container's own cgroup, which
+    `shoal.cpu_cores` reads (the engine sizes its threads by it); the cgroup goes with the run."""
+    report = """\
+        import json, os
+        from shoal.cpu_cores import PROC_CGROUP, PROC_MOUNTINFO, cpu_cgroups, cpu_quota_cores
+        from shoal.cpu_cores import usable_cores
+        cgroups = cpu_cgroups(PROC_CGROUP.read_text(), PROC_MOUNTINFO.read_text())
+        open("/dev/termination-log", "w").write(json.dumps({
+            "quota": cpu_quota_cores(cgroups), "usable": usable_cores(),
+            "cores": len(os.sched_getaffinity(0)), "cgroups": [str(c.directory) for c in cgroups]}))
+        """
+    create(kube, namespace, python_pod("limited", report, restartPolicy="Never", container={
+        "resources": {"limits": {"cpu": "1500m"}}}))
+    create(kube, namespace, python_pod("unlimited", report, restartPolicy="Never"))
+    limited = json.loads(terminated(wait_finished(kube, namespace, "limited"))["message"])
+    unlimited = json.loads(terminated(wait_finished(kube, namespace, "unlimited"))["message"])
+    assert limited["quota"] == 1.5 and limited["usable"] == 1
+    assert unlimited["usable"] == unlimited["cores"]  # the host's quota, none here
+    assert unlimited["quota"] is None or unlimited["quota"] >= unlimited["cores"]
+    own = [d for d in limited["cgroups"] if d not in unlimited["cgroups"]]
+    assert own and all(not Path(d).exists() for d in own)  # removed when the run ended
+
+
 @pytest.mark.parametrize(("handles_sigterm", "exit_code"), [(True, 0), (False, 137)])
 def test_deletion_terminates_every_process_of_the_pod(
         kube: DynamicClient, kubelet: KubeletHandle, namespace: str, handles_sigterm: bool,

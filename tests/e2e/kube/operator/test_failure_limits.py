@@ -9,6 +9,7 @@ import time
 
 from tests.e2e.kube.operator.conftest import (
     ENGINE_ARGS,
+    ONE_CORE_EACH,
     Deployments,
     rendezvous_env,
     wait_restarted,
@@ -23,7 +24,7 @@ def test_consensus_divergence_recreates_then_fails_past_the_limit(
         deployments: Deployments) -> None:
     mds = deployments
     mds.create("cons", {
-        "engine": {"tp": 2, "nnodes": 2,
+        "engine": {"tp": 2, "nnodes": 2, "resources": ONE_CORE_EACH,
                    "args": [*ENGINE_ARGS, "--enable-rank-consensus-check"],
                    "env": [{"name": "SHOAL_FAULT",
                             "value": f"diverge_consensus:rank=1:after_events="

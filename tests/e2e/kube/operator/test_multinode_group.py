@@ -17,6 +17,7 @@ import pytest
 
 from tests.e2e.kube.operator.conftest import (
     ENGINE_ARGS,
+    ONE_CORE_EACH,
     Deployments,
     Operator,
     rendezvous_env,
@@ -34,7 +35,8 @@ def group(module_deployments: Deployments) -> Deployments:
     rendezvous = rendezvous_env(module_deployments.namespace, NAME)
     module_deployments.create(NAME, {
         "replicas": 1,
-        "engine": {"tp": 2, "nnodes": 2, "args": ENGINE_ARGS, "env": [FAULT, rendezvous]},
+        "engine": {"tp": 2, "nnodes": 2, "args": ENGINE_ARGS, "env": [FAULT, rendezvous],
+                   "resources": ONE_CORE_EACH},
         # backoffs 3 and 6 s for the two restarts below: the second leaves time to kill the
         # operator while the group waits
         "restartPolicy": {"backoff": {"initialSeconds": 3, "maxSeconds": 6}},

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.kube.kubelet import layout, sandbox
+from tests.support.kube.kubelet.cpu_limit import cpu_limit_cores, create_cgroup, remove_cgroup
 from tests.support.kube.kubelet.environment import ContainerConfigError
 from tests.support.kube.kubelet.probes import Prober, ProbeTarget
 from tests.support.kube.kubelet.timestamps import rfc3339
@@ -150,13 +151,19 @@ class ContainerRunner:
         while not self._stopping.is_set():
             try:
                 spec = self._prepare()
+                cores = cpu_limit_cores(self.container)
+                cgroup = create_cgroup(cores) if cores is not None else None
             except (ContainerConfigError, OSError) as e:
                 self._set(state={"waiting": {"reason": "CreateContainerConfigError",
                                              "message": str(e)}})
                 self._stopping.wait(CONFIG_RETRY_S)
                 continue
             started = time.time()
-            exit_code, terminated = self._run_once(spec)
+            try:
+                exit_code, terminated = self._run_once(spec, cgroup)
+            finally:
+                if cgroup is not None:
+                    remove_cgroup(cgroup)
             run_s = time.time() - started
             if self._stopping.is_set() or not should_restart(self.restart_policy, exit_code,
                                                               self.is_init):
@@ -168,7 +175,7 @@ class ContainerRunner:
                       last_state={"terminated": terminated})
             self._stopping.wait(delay)
 
-    def _run_once(self, spec: RunSpec) -> tuple[int, dict[str, Any]]:
+    def _run_once(self, spec: RunSpec, cgroup: Path | None) -> tuple[int, dict[str, Any]]:
         log = layout.run_log(self.directory, self._runs)
         message_file = self.directory / layout.TERMINATION_LOG
         start_error = self.directory / "start-error"
@@ -182,6 +189,7 @@ class ContainerRunner:
             "dev_staging": str(self.directory / "dev"), "pid_file": str(pid_file),
             "kubelet_pid": os.getpid(),
             "start_error_file": str(start_error),
+            "cgroup_procs": str(cgroup / "cgroup.procs") if cgroup is not None else None,
             "binds": [*spec.binds, {"source": str(message_file), "target": message_path}]}
         spec_file = self.directory / "sandbox.json"
         spec_file.write_text(json.dumps(sandbox_spec, indent=1))

@@ -87,6 +87,8 @@ def private_dev(staging: Path) -> None:
 
 
 def set_up(spec: dict) -> None:
+    if spec["cgroup_procs"]:  # the container's CPU limit: its processes are born in the cgroup
+        Path(spec["cgroup_procs"]).write_text(str(os.getpid()))
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     socket.sethostname(spec["hostname"])
