@@ -251,6 +251,10 @@ def wait_restarted(mds: Deployments, name: str, reason: str, count: int,
         counted = (status.get("restartsByReason") or {}).get(reason, 0) >= count
         gone = not set(old_uids.values()) & set(mds.pod_uids(name).values())
         return status if counted and gone else None
-    return wait_until(restarted, timeout, interval=0.5,
-                      what=f"{name}: no {reason} restart #{count}")
+    try:
+        return wait_until(restarted, timeout, interval=0.5,
+                          what=f"{name}: no {reason} restart #{count}")
+    except TimeoutError as e:  # what it came to instead
+        pods = [(p.metadata.name, p.status.phase) for p in mds.pods(name)]
+        raise TimeoutError(f"{e}; status: {mds.status(name)}; pods: {pods}") from None
 
