@@ -33,9 +33,10 @@ GROUP_READY_S = 300.0  # model loading in every pod on 2 shared cores
 PODS_GONE_S = 120.0
 # small and quick: a short watchdog, a short backoff, a small KV pool
 ENGINE_ARGS = ["--max-total-tokens", "4096", "--watchdog-timeout", "5"]
-# the pods of a two-node group share this host's cores: one core each, as a CPU limit (the
-# kubelet's CFS quota), which each rank sizes its threads by; without it both count every core,
-# and their threads outnumber the cores (a decode step ~4x slower)
+# the engine pods of a two-node group, or a prefill and a decode server, share this host's
+# cores: one core each, as a CPU limit (the kubelet's CFS quota), which each rank sizes its
+# threads by; without it both count every core, and their threads outnumber the cores (a decode
+# step ~4x slower)
 ONE_CORE_EACH = {"limits": {"cpu": "1"}}
 
 

@@ -14,7 +14,12 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from tests.e2e.kube.operator.conftest import ENGINE_ARGS, Deployments, wait_restarted
+from tests.e2e.kube.operator.conftest import (
+    ENGINE_ARGS,
+    ONE_CORE_EACH,
+    Deployments,
+    wait_restarted,
+)
 from tests.support.wait import wait_until
 
 NAME = "pd"
@@ -26,7 +31,8 @@ FAULT = {"name": "SHOAL_FAULT", "value": "hang_forward:rank=0:after_steps=40"}
 def mds(module_deployments: Deployments) -> Deployments:
     module_deployments.create(NAME, {
         "engine": {"args": ENGINE_ARGS, "env": [FAULT]},
-        "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1}},
+        "disaggregation": {"prefill": {"replicas": 1, "resources": ONE_CORE_EACH},
+                           "decode": {"replicas": 1, "resources": ONE_CORE_EACH}},
         "router": {"replicas": 1, "policy": "round_robin"},
         "restartPolicy": {"backoff": {"initialSeconds": 3, "maxSeconds": 6}},
     })
