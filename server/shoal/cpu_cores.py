@@ -83,6 +83,5 @@ def cpu_cgroups(proc_cgroup: str, mountinfo: str) -> list[CpuCgroup]:
         else:
             continue
         relative = os.path.relpath(path, root) if path.startswith(root) else "."
-        found.append(CpuCgroup(mount_point / relative if relative != "." else mount_point,
-                               mount_point, version))
+        found.append(CpuCgroup(mount_point / relative, mount_point, version))
     return found

@@ -1,7 +1,7 @@
 """A container's CPU limit, applied as the real kubelet applies it: each run in a cgroup of its
-own whose CFS quota is `resources.limits.cpu` (v1 `cpu.cfs_quota_us`, v2 `cpu.max`), created
-under this kubelet's own cgroup and removed when the run has ended. Containers without a CPU
-limit run where the kubelet runs."""
+own whose CFS quota is `resources.limits.cpu` (v1 `cpu.cfs_quota_us`, v2 `cpu.max`), a child of
+this kubelet's own cgroup (on v2 only where that one passes `cpu` to its children), removed
+when the run has ended. Containers without a CPU limit run where the kubelet runs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.support.kube.kubelet.environment import ContainerConfigError
 logger = logging.getLogger("kubelet.cpu_limit")
 
 PERIOD_US = 100_000  # the kubelet's CFS period
-PODS_CGROUP = "shoal-test-pods"
+RUN_CGROUP_PREFIX = "shoal-test-run-"
 REMOVE_WAIT_S = 5.0  # a run's last processes leave its cgroup a moment after PID 1 has died
 
 
@@ -43,12 +43,11 @@ def create_cgroup(cores: float) -> Path:
     """A new cgroup with a quota of `cores` CPUs; its `cgroup.procs` takes the run's first
     process."""
     for cgroup in cpu_cgroups(PROC_CGROUP.read_text(), PROC_MOUNTINFO.read_text()):
-        parent = cgroup.directory / PODS_CGROUP
         if cgroup.version == 2 and "cpu" not in _controllers(cgroup.directory):
             continue
-        directory = parent / uuid.uuid4().hex[:12]
+        directory = cgroup.directory / f"{RUN_CGROUP_PREFIX}{uuid.uuid4().hex[:12]}"
         try:
-            directory.mkdir(parents=True)
+            directory.mkdir()
             quota = round(cores * PERIOD_US)
             if cgroup.version == 2:
                 (directory / "cpu.max").write_text(f"{quota} {PERIOD_US}")
