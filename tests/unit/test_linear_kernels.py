@@ -168,12 +168,13 @@ def test_a_packed_kernel_packs_its_weight_at_load_and_counts_the_copy(kernel: Ke
 
 @pytest.mark.parametrize("channels", [16, 40, 96])
 @pytest.mark.parametrize("rows", [1, 2, 3, 6, 7, 13, 24, 25, 300])
-@pytest.mark.parametrize("depth", [40, 43])
+@pytest.mark.parametrize("depth", [40, 43, 48])
 def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: int,
                                                            depth: int) -> None:
     """Tiles of one to `TILE_ROWS` rows (six with AVX2, 24 with AVX-512: this host's build),
     panels of sixteen channels (the last one padded); a few-row tile's lanes over an input
-    dimension they divide, and over one that leaves steps to the first lane."""
+    dimension they divide, and over one that leaves steps to the first lane; inputs copied into
+    rows of whole cache lines (40, 43) and read where they lie (48 floats, three lines)."""
     weight = torch.randn(channels, depth)
     x = torch.randn(rows, depth)
     got = panel_products.by_panels(x, Panels.of(weight.numpy()))
@@ -182,6 +183,12 @@ def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: 
     q, scale = quantize_per_channel(weight)
     torch.testing.assert_close(panel_products.by_panels(x, Panels.of(q.numpy(), scale.numpy())),
                                F.linear(x, q.float() * scale[:, None]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("depth", "width"), [(1, 16), (40, 48), (48, 48), (64, 80),
+                                              (576, 592), (1536, 1552)])
+def test_a_product_input_row_is_an_odd_number_of_cache_lines(depth: int, width: int) -> None:
+    assert panel_products.row_width(depth) == width
 
 
 _AVX2_BUILD = """

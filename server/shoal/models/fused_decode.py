@@ -16,7 +16,8 @@ heads, SiLU over rows), with an exp of its own that vectorizes.
 The products read each weight's panels (`shoal.models.panel_products`, the copy packed at load
 for the panel kernels: float32 or int8 with a float32 scale per channel; at every row count from
 one, as fast as or faster than shoal's other kernels on the row-major weight), in tiles of up to
-six rows with AVX2, 24 with AVX-512. Prefill chunks, tensor parallelism and anything not
+six rows with AVX2, 24 with AVX-512, each product's input in rows padded to
+`panel_products.row_width`. Prefill chunks, tensor parallelism and anything not
 float32 on the CPU run the layers op by op. The kernel sums in another order than torch, as
 every float32 kernel of the engine may.
 
@@ -42,7 +43,7 @@ from shoal.models.kernel_probe import runs_and_agrees
 from shoal.models.layers import apply_rotary
 from shoal.models.linear_kernels import LinearKernel
 from shoal.models.numba_kernels import Twins, exp_in_place
-from shoal.models.panel_products import PANEL, TILE_ROWS, Panels, panel_rows
+from shoal.models.panel_products import PANEL, TILE_ROWS, Panels, panel_rows, row_width
 from shoal.models.quantization import dequantize, quantize_per_channel
 
 # The probe child's limit: its serial build compiles in ~10-30 s the first time on two cores
@@ -52,6 +53,7 @@ _NO_BIAS = np.zeros(0, np.float32)
 
 # Helpers inlined into the kernel (numba IR), so compiled with its options.
 _inline = numba.njit(inline="always")
+_row_width = _inline(row_width)
 
 
 @_inline
@@ -84,7 +86,7 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
     attn_scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(dim)))
 
     # input norm (and the residual add), row by row
-    normed = np.empty((rows, size), np.float32)
+    normed = np.empty((rows, _row_width(size)), np.float32)
     for m in numba.prange(rows):
         if first:
             summed[m] = hidden[m]
@@ -118,7 +120,7 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
 
     # attention, one (row, KV head) a task: each K/V row read once for the query heads of its
     # group
-    attn = np.empty((rows, heads * dim), np.float32)
+    attn = np.empty((rows, _row_width(heads * dim)), np.float32)
     for task in numba.prange(rows * kv_heads):
         m = task // kv_heads
         attend_group(qkv, k_pool, v_pool, table, req_rows[m], m, task % kv_heads, seq_lens[m],
@@ -143,7 +145,7 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
     gate_up = np.empty((rows, gu_w.shape[0] * PANEL), np.float32)
     for panel in numba.prange(gu_w.shape[0]):
         panel_rows(gu_w, normed, gu_scale, gate_up, panel)
-    act = np.empty((rows, inner), np.float32)
+    act = np.empty((rows, _row_width(inner)), np.float32)
     for m in numba.prange(rows):
         e = -gate_up[m, :inner]
         exp_in_place(e, np.empty(inner, np.int32))

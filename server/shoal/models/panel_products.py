@@ -14,8 +14,9 @@ and `TILE_ROWS` broadcasts. A tile of a few rows (a decode step of one to a few 
 few sums to keep the multiply-adds busy, so it sums the input dimension in several lanes, added
 at the end: at one row on an Intel Xeon with AVX-512 that took an int8 product from ~17 to ~26
 GB/s of weights, the one-row LM head from 2.7 to 1.6 ms (docs/benchmarks.md). No sum needs a
-horizontal add, and while a tile runs, the same thread's next panel is fetched from memory ahead
-of its use.
+horizontal add, and while a tile of `_FETCH_ROWS` rows or more runs, the same thread's next panel
+is fetched from memory ahead of its use (a tile of fewer streams the panels faster on the CPU's
+own prefetchers alone).
 
 The tile is written in LLVM IR (`_tile`, a numba intrinsic): numba's loops do not keep a block of
 vector sums in registers. An int8 panel is widened to float32 in registers as it is read, and a
@@ -66,6 +67,12 @@ PANEL_VECTORS = PANEL // VECTOR
 # lanes (every `lanes`-th step into each, added at the end), at least `_CHAINS` sums in all.
 _CHAINS = 8
 _LINE = 64
+# A tile of fewer rows asks for no panel ahead: it streams the weights, and the CPU's own
+# prefetchers keep up with that better alone. On a 2-core AMD EPYC (Zen 4), over 30 layers'
+# distinct weights, asking for the next panel made one row 9-22% slower (float32; int8 12%), two
+# rows 4% slower, three rows 6% faster and four rows 22% faster (docs/benchmarks.md).
+_FETCH_ROWS = 3
+_LINE_FLOATS = _LINE // 4
 
 
 def _lanes(rows: int) -> int:
@@ -120,7 +127,8 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
           row: numba_types.Type, rows: numba_types.Type, ahead: numba_types.Type) -> Any:
     """out[row:row + rows, panel's channels] = (x[row:row + rows] . panel) * its scale, for
     1 <= rows <= TILE_ROWS, asking for panel `ahead` from memory meanwhile (C-contiguous arrays:
-    panels [count, in, PANEL] float32 or int8, x [m, in] and out [m, count * PANEL] float32)."""
+    panels [count, in, PANEL] float32 or int8, x [m, >= in] (its first `in` columns read) and
+    out [m, count * PANEL] float32)."""
     arrays = (panels, x, scale, out)
     if not all(isinstance(a, numba_types.Array) and a.layout == "C" for a in arrays):
         return None
@@ -132,12 +140,13 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
         panels_a, x_a, scale_a, out_a = (context.make_array(t)(context, builder, a)
                                          for t, a in zip(sig.args[:4], args[:4]))
         panel_i, row_i, rows_i, ahead_i = args[4:]
-        depth = cgutils.unpack_tuple(builder, x_a.shape)[1]
+        depth = cgutils.unpack_tuple(builder, panels_a.shape)[1]
+        stride = cgutils.unpack_tuple(builder, x_a.shape)[1]
         width = cgutils.unpack_tuple(builder, out_a.shape)[1]
         panel_size = builder.mul(depth, i64(PANEL))
         panel_at = builder.gep(panels_a.data, [builder.mul(panel_i, panel_size)])
         ahead_at = builder.gep(panels_a.data, [builder.mul(ahead_i, panel_size)])
-        x_at = builder.gep(x_a.data, [builder.mul(row_i, depth)])
+        x_at = builder.gep(x_a.data, [builder.mul(row_i, stride)])
         first_channel = builder.mul(panel_i, i64(PANEL))
         out_at = builder.gep(out_a.data, [builder.add(builder.mul(row_i, width), first_channel)])
         scale_at = builder.gep(scale_a.data, [first_channel])
@@ -155,7 +164,7 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
             weights = _weights(builder, builder.gep(panel_at, [at]), element)
             for r, row_sums in enumerate(lanes):
                 activation = builder.load(builder.gep(x_at, [builder.add(
-                    builder.mul(i64(r), depth), k)]))
+                    builder.mul(i64(r), stride), k)]))
                 spread = broadcast(builder, activation)
                 for s, weight in zip(row_sums, weights):
                     builder.store(builder.call(multiply_add, [spread, weight, builder.load(s)]), s)
@@ -163,6 +172,7 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
         def height(n: int) -> None:
             """A tile of n rows: its sums, the loop over the input dimension, the stores."""
             unroll = _lanes(n)
+            fetches = n >= _FETCH_ROWS
             # sums[u][r][j]: lane u's sums of row r, vector j of the panel
             sums = [[[cgutils.alloca_once(builder, VEC) for _ in range(PANEL_VECTORS)]
                      for _ in range(n)] for _ in range(unroll)]
@@ -173,9 +183,10 @@ def _tile(typingctx: Any, panels: numba_types.Type, x: numba_types.Type,
             whole = builder.mul(builder.sdiv(depth, i64(unroll)), i64(unroll))
             with cgutils.for_range_slice(builder, i64(0), whole, i64(unroll)) as (k, _):
                 for u, lane in enumerate(sums):
-                    step(lane, builder.add(k, i64(u)), fetch=u * step_bytes % _LINE == 0)
+                    step(lane, builder.add(k, i64(u)),
+                         fetch=fetches and u * step_bytes % _LINE == 0)
             with cgutils.for_range_slice(builder, whole, depth, i64(1)) as (k, _):
-                step(sums[0], k, fetch=True)
+                step(sums[0], k, fetch=fetches)
             for r in range(n):
                 out_row = builder.mul(i64(r), width)
                 for j in range(PANEL_VECTORS):
@@ -197,7 +208,8 @@ def panel_rows(panels: np.ndarray, x: np.ndarray, scale: np.ndarray, out: np.nda
                panel: int) -> None:
     """out[:, panel's channels] = (x . panel) * its scale for every row of x, `TILE_ROWS` at a
     time (inlined, numba IR, into the kernels that run panels: `by_panels` and the fused
-    decode, each a panel per parallel task)."""
+    decode, each a panel per parallel task). x [rows, >= in]: rows `row_width(in)` floats long
+    are read fastest."""
     rows = x.shape[0]
     ahead = min(panel + 1, panels.shape[0] - 1)
     row = 0
@@ -206,8 +218,19 @@ def panel_rows(panels: np.ndarray, x: np.ndarray, scale: np.ndarray, out: np.nda
         row += TILE_ROWS
 
 
+def row_width(depth: int) -> int:
+    """How many floats a row of a product's input takes in memory for `depth` values: whole
+    cache lines, an odd number of them. A tile reads one value of each of its rows at a time;
+    rows a multiple of two lines apart fall in a few of the L1 cache's sets and evict each other
+    (1,536 floats, three 4 KiB pages for two rows, in two of 64 sets): on a 2-core AMD EPYC (Zen
+    4) the MLP's down product ran 121-139 GFLOPS at 24-64 rows on rows 1,536 floats long, 204-214
+    on rows 1,552 long (docs/benchmarks.md)."""
+    lines = (depth + _LINE_FLOATS - 1) // _LINE_FLOATS
+    return (lines | 1) * _LINE_FLOATS
+
+
 def _by_panels(panels: np.ndarray, x: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
-    """out [m, count * PANEL] = (x [m, in] . panels) * scale, a panel per parallel task."""
+    """out [m, count * PANEL] = (x [m, >= in] . panels) * scale, a panel per parallel task."""
     for panel in numba.prange(panels.shape[0]):
         panel_rows(panels, x, scale, out, panel)
 
@@ -218,7 +241,13 @@ _panels = Twins(_by_panels)
 def by_panels(x: torch.Tensor, weight: Panels) -> torch.Tensor:
     """x [rows, in] (any float dtype) . the packed weight -> [rows, out] in x's dtype."""
     floats = x.dtype == torch.float32
-    activations = (x if floats else x.to(torch.float32)).contiguous().numpy()
+    rows, depth = x.shape
+    width = row_width(depth)
+    if floats and width == depth:
+        activations = x.contiguous().numpy()
+    else:
+        activations = np.empty((rows, width), np.float32)
+        activations[:, :depth] = x.numpy() if floats else x.to(torch.float32).numpy()
     out = np.empty((x.shape[0], weight.scale.shape[0]), np.float32)
     _panels.run(weight.weights, activations, weight.scale, out)
     result = torch.from_numpy(out)
