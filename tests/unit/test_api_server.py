@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import httpx
@@ -556,7 +557,10 @@ def test_engine_abort_is_a_500(url):
 LONG = 2000  # tokens: 10 s of fake generation, far longer than any disconnect takes to notice
 
 
-def test_stream_disconnect_aborts_request(url, engine, served):
+def test_stream_disconnect_aborts_request(url, engine, served, caplog):
+    """The request is aborted, and the log says why (the disconnect seen by polling, or the
+    stream closed under it)."""
+    caplog.set_level(logging.INFO, logger="shoal.api.tokenizer_manager")
     tm = served[2]
     body = {"messages": MESSAGES, "stream": True, "max_tokens": LONG, "ignore_eos": True}
     with httpx.stream("POST", f"{url}{CHAT}", json=body, timeout=10) as response:
@@ -566,6 +570,9 @@ def test_stream_disconnect_aborts_request(url, engine, served):
     wait_until(lambda: rid in engine.aborted_rids(), timeout=5,
                what="an AbortReq after the disconnect", interval=0.02)
     assert rid not in tm.rid_to_state
+    said = [r.getMessage() for r in caplog.records if rid in r.getMessage()]
+    assert any("client disconnected" in m or "closed before its last chunk" in m
+               for m in said), said
 
 
 def test_non_stream_disconnect_aborts_request(url, engine, served):

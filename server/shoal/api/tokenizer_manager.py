@@ -332,6 +332,10 @@ class TokenizerManager:
                 if out.finish is not None:
                     return
             logger.info("client disconnected, aborting request %s", rid)
+        except (GeneratorExit, asyncio.CancelledError):
+            if not state.finished:
+                logger.info("request %s closed before its last chunk, aborting it", rid)
+            raise
         finally:
             if not state.finished:
                 self.abort(rid)
