@@ -173,8 +173,9 @@ def test_panels_compute_every_row_and_channel_of_any_shape(channels: int, rows: 
                                                            depth: int) -> None:
     """Tiles of one to `TILE_ROWS` rows (six with AVX2, 24 with AVX-512: this host's build),
     panels of sixteen channels (the last one padded); a few-row tile's lanes over an input
-    dimension they divide, and over one that leaves steps to the first lane; inputs copied into
-    rows of whole cache lines (40, 43) and read where they lie (48 floats, three lines)."""
+    dimension they divide, and over one that leaves steps to the first lane; inputs of eight rows
+    or more copied into rows of whole cache lines (40, 43), and read where they lie when fewer
+    or already 48 floats (three lines)."""
     weight = torch.randn(channels, depth)
     x = torch.randn(rows, depth)
     got = panel_products.by_panels(x, Panels.of(weight.numpy()))
