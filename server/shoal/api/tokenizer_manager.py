@@ -1,9 +1,12 @@
 """The api process's side of the engine: tokenize, check limits, submit, and route outputs back.
 
 Every in-flight request has a `ReqState` whose queue receives that request's `ReqStrOut` chunks.
-One receive loop (`_handle_loop`) reads the api PULL socket and routes `BatchStrOut` chunks by rid
-and `ComponentReady` into the readiness table. The loop is started lazily by `start()` on the
-running event loop (uvicorn's), so constructing a manager needs no event loop.
+The event loop (uvicorn's) reads the api PULL socket whenever its descriptor signals
+(`_drain`), routing `BatchStrOut` chunks by rid and `ComponentReady` into the readiness table.
+`start()` registers that reader on the running loop, so constructing a manager needs no event
+loop. A plain socket read until it is empty, not `zmq.asyncio`: at one stream, whose every token
+is a message, zmq.asyncio's per-receive bookkeeping was half the api's CPU time
+(docs/benchmarks.md).
 
 A request whose client goes away is aborted: `generate`'s iterator sends an `AbortReq` when it is
 closed or cancelled before the request finished, and while it waits it polls `is_disconnected`.
@@ -21,7 +24,6 @@ from typing import Any
 
 import msgspec
 import zmq
-import zmq.asyncio
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
@@ -62,9 +64,8 @@ IsDisconnected = Callable[[], Awaitable[bool]]
 
 @dataclass
 class ReqState:
-    queue: asyncio.Queue[ReqStrOut] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[ReqStrOut | None] = field(default_factory=asyncio.Queue)  # None: gone
     finished: bool = False
-    next_disconnect_check: float = 0.0
     created_at: float = field(default_factory=time.monotonic)
     last_output_at: float | None = None
 
@@ -158,10 +159,9 @@ class TokenizerManager:
         self.disconnect_poll_s = disconnect_poll_s
         endpoints = sockets.Endpoints(component.run_dir)
         self._context = zmq.Context()
-        self._recv_sync = sockets.pull_socket(self._context, endpoints.api_input)
+        self._recv_sock = sockets.pull_socket(self._context, endpoints.api_input)
         self._send_sock = sockets.push_socket(self._context, endpoints.scheduler_input)
-        self._recv_sock: zmq.asyncio.Socket | None = None
-        self._loop_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one reading, once started
         self._pending_replies: dict[str, asyncio.Future[ControlReply]] = {}
         self._token_texts: dict[int, str] = {}
         self.max_token_chars = max_chars_per_token(tokenizer)
@@ -171,15 +171,15 @@ class TokenizerManager:
     # ---- lifecycle and readiness ----------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the receive loop on the running event loop (idempotent)."""
-        if self._loop_task is None:
-            self._recv_sock = zmq.asyncio.Socket.from_socket(self._recv_sync)
-            self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
+        """Read the api socket on the running event loop from now on (idempotent)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._recv_sock.getsockopt(zmq.FD), self._drain)
+            self._drain()  # what came before the reader, which its descriptor signalled already
 
     async def close(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._loop is not None:
+            self._loop.remove_reader(self._recv_sock.getsockopt(zmq.FD))
         self._context.destroy(linger=0)
 
     @property
@@ -326,8 +326,10 @@ class TokenizerManager:
 
     async def _outputs(self, rid: str, state: ReqState,
                        is_disconnected: IsDisconnected | None) -> AsyncIterator[ReqStrOut]:
+        watcher = (None if is_disconnected is None
+                   else asyncio.create_task(self._watch(state, is_disconnected)))
         try:
-            while (out := await self._next_output(state, is_disconnected)) is not None:
+            while (out := await state.queue.get()) is not None:
                 yield out
                 if out.finish is not None:
                     return
@@ -337,24 +339,18 @@ class TokenizerManager:
                 logger.info("request %s closed before its last chunk, aborting it", rid)
             raise
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if not state.finished:
                 self.abort(rid)
 
-    async def _next_output(self, state: ReqState,
-                           is_disconnected: IsDisconnected | None) -> ReqStrOut | None:
-        """The next chunk, or None once the client is gone (checked every `disconnect_poll_s`,
-        also while chunks keep coming)."""
-        while True:
-            now = time.monotonic()
-            if is_disconnected is not None and now >= state.next_disconnect_check:
-                state.next_disconnect_check = now + self.disconnect_poll_s
-                if await is_disconnected():
-                    return None
-            timeout = max(state.next_disconnect_check - now, 0.0) if is_disconnected else None
-            try:
-                return await asyncio.wait_for(state.queue.get(), timeout)
-            except TimeoutError:
-                continue
+    async def _watch(self, state: ReqState, is_disconnected: IsDisconnected) -> None:
+        """Put None in the request's queue once its client is gone, checked every
+        `disconnect_poll_s` while it runs (one task a request: a timeout on each chunk's wait
+        was a task and a timer a token)."""
+        while not await is_disconnected():
+            await asyncio.sleep(self.disconnect_poll_s)
+        state.queue.put_nowait(None)
 
     async def generate_full(self, input_ids: list[int], sampling: SamplingParams, *,
                             rid: str | None = None, logprob: LogprobParams | None = None,
@@ -434,10 +430,11 @@ class TokenizerManager:
         # NOTE: PUSH with SNDHWM=0 queues without blocking, so a plain socket is safe here.
         sockets.send(self._send_sock, message)
 
-    async def _handle_loop(self) -> None:
-        assert self._recv_sock is not None
-        while True:
-            data = await self._recv_sock.recv()
+    def _drain(self) -> None:
+        """Handle every message the api socket holds. ZMQ's descriptor signals a change, not a
+        level: it is quiet again once the socket's events, read, show nothing to receive."""
+        while self._recv_sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            data = self._recv_sock.recv(zmq.NOBLOCK)
             try:
                 message = decode(data)
             except msgspec.DecodeError:
@@ -446,7 +443,7 @@ class TokenizerManager:
             self.last_receive_time = time.monotonic()
             try:
                 self._dispatch(message)
-            except Exception:  # one bad message must not stop the loop every request waits on
+            except Exception:  # one bad message must not stop the reading every request needs
                 logger.exception("failed to handle %s", type(message).__name__)
 
     def _dispatch(self, message: Message) -> None:

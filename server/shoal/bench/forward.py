@@ -5,7 +5,8 @@ the model's work of a served run of B requests with random prompts of L tokens a
 each: the B prompts prefilled in forwards of at most the scheduler's chunked-prefill budget of new
 tokens (a prompt that does not fit is split, its later part extending the K/V its earlier part
 wrote), which gives each request its first token, then N - 1 decode steps at batch B (forward plus
-a greedy argmax to pick the next input token).
+a greedy argmax to pick the next input token; the forwards read only argmaxes, as a served greedy
+run's do).
 
     tokens/s         = B * N / time of all those forwards: what serving this workload can give
     decode tokens/s  = B * (N - 1) / time of the decode steps, with their ms a step
@@ -175,7 +176,7 @@ def prefill(runner: ModelRunner, rows: list[int], prompts: list[torch.Tensor],
             out_cache_loc=slots,
             req_pool_indices=torch.tensor([rows[i] for i, _, _ in segments], device=device),
             seq_lens=torch.tensor([end for _, _, end in segments], device=device),
-            extend_lens=[end - start for _, start, end in segments]))
+            extend_lens=[end - start for _, start, end in segments], argmax_only=True))
         assert isinstance(logits, torch.Tensor)
         for (i, _, end), token in zip(segments, logits.argmax(dim=-1)):
             if end == prompts[i].shape[0]:
@@ -195,7 +196,8 @@ def decode_step(runner: ModelRunner, rows: list[int], seq_len: int,
     logits = runner.forward(ForwardBatch(
         input_ids=input_ids, positions=torch.full((batch,), seq_len, device=device),
         out_cache_loc=slots, req_pool_indices=row_index,
-        seq_lens=torch.full((batch,), seq_len + 1, device=device), extend_lens=[1] * batch))
+        seq_lens=torch.full((batch,), seq_len + 1, device=device), extend_lens=[1] * batch,
+        argmax_only=True))
     assert isinstance(logits, torch.Tensor)
     return logits.argmax(dim=-1)
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from shoal.engine.threads import RankThreads, forward_threads
-from shoal.models import ModelConfig, fused_decode, get_model_class, layer_kernels
+from shoal.models import ModelConfig, fused_decode, get_model_class, greedy_head, layer_kernels
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import head_shard
 from shoal.models.linear_kernels import prepare_linears
@@ -71,6 +71,8 @@ class ModelRunner:
         layer_kernels.prepare(self.model, device, dtype)
         if fused:
             self.model.prepare_fused_decode()
+        if greedy_head.enabled_for(device, dtype, tp.size, quantization != "none"):
+            self.model.prepare_greedy_head()
 
         num_layers = end_layer - start_layer
         num_kv_heads = head_shard(config.num_heads, config.num_kv_heads, tp).num_kv_heads

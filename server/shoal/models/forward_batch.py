@@ -31,6 +31,9 @@ class ForwardBatch:
     # token indices whose logits the model returns, in order; None: each request's last new
     # token (the normal case; prompt logprobs ask for more positions)
     logit_indices: torch.Tensor | None = None
+    # only each logits row's argmax is read (greedy requests that ask for nothing else): the LM
+    # head may leave every logit that cannot be the largest at -inf
+    argmax_only: bool = False
 
     @property
     def batch_size(self) -> int:

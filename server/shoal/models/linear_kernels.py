@@ -448,6 +448,13 @@ def _usable_kernels(quantize: bool) -> tuple[Kernel, ...]:
 
 
 @functools.cache
+def int8_panels_run() -> bool:
+    """Whether `panel_products.by_panels` on int8 panels runs here and computes `F.linear`'s
+    result (checked once, in a child)."""
+    return bool(_usable(tuple(k for k in INT8_KERNELS if k.name == "int8-panels")))
+
+
+@functools.cache
 def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, ...]
                      ) -> Choice:
     """Measured once on this host for each weight shape, thread counts and layouts, and kept

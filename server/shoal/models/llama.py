@@ -21,6 +21,7 @@ from shoal.models.attention_backend import AttentionBackend
 from shoal.models.config import ModelConfig
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.fused_decode import FusedDecode, FusedLayer
+from shoal.models.greedy_head import MAX_ROWS, GreedyHead
 from shoal.models.layers import (
     GateUpParallelLinear,
     ParallelLMHead,
@@ -118,6 +119,7 @@ class LlamaForCausalLM(nn.Module):
     lends the K/V in place."""
 
     fused_decode: FusedDecode | None = None
+    greedy_head: GreedyHead | None = None
 
     def __init__(self, config: ModelConfig, tp: ParallelGroup, start_layer: int,
                  end_layer: int) -> None:
@@ -166,6 +168,8 @@ class LlamaForCausalLM(nn.Module):
             return hidden, residual
         at = batch.logits_at
         hidden, _ = self.norm.add_and_norm(hidden[at], residual[at])
+        if self.greedy_head is not None and batch.argmax_only and hidden.shape[0] <= MAX_ROWS:
+            return self.greedy_head.logits(hidden)
         return self.lm_head(hidden)
 
     def prepare_fused_decode(self) -> None:
@@ -182,6 +186,14 @@ class LlamaForCausalLM(nn.Module):
         logger.info("fused decode on the layers' panels: %.0f MiB", panels / 2**20)
         self.fused_decode = FusedDecode(layers, first.num_heads, first.num_kv_heads,
                                         self.config.rms_norm_eps)
+
+    def prepare_greedy_head(self) -> None:
+        """Screen the LM head of steps that read only argmaxes (`shoal.models.greedy_head`)."""
+        if self.lm_head is None:
+            return
+        self.greedy_head = GreedyHead.of(self.lm_head.weight[:self.lm_head.vocab_size])
+        logger.info("greedy steps' LM head screened by an int8 copy: %.0f MiB",
+                    self.greedy_head.nbytes / 2**20)
 
     def load_weight(self, name: str, source: TensorSlice) -> list[str]:
         """Copy checkpoint tensor `name` into the parameters this stage and rank own."""

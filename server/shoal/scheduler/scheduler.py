@@ -482,6 +482,9 @@ class Scheduler:
             extend_lens=extend_lens)
         if plan is not None:
             forward.logit_indices = torch.tensor(plan.indices, dtype=torch.int64, device=device)
+        else:
+            forward.argmax_only = all(r.sampling.is_greedy and not r.needs_sync_sampling
+                                      for r in reqs)
         return forward, future
 
     @staticmethod
