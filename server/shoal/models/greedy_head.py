@@ -35,6 +35,7 @@ _UNIT_ROUNDOFF = 2.0 ** -24
 # a decode step of up to this many rows takes the screened head: past it the head's products
 # are bound by their multiply-adds, which an int8 copy does not reduce (docs/benchmarks.md)
 MAX_ROWS = 4
+_BOUND_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,14 @@ class GreedyHead:
     @classmethod
     def of(cls, weight: torch.Tensor) -> GreedyHead:
         q, scale = quantize_per_channel(weight)
-        exact, q64, scale64 = weight.double(), q.double(), scale.double()
         steps = weight.shape[1] + 1
         gamma = steps * _UNIT_ROUNDOFF / (1 - steps * _UNIT_ROUNDOFF)
-        bound = ((exact - q64 * scale64[:, None]).norm(dim=1)
-                 + gamma * (exact.norm(dim=1) + scale64 * q64.norm(dim=1)))
+        bound = torch.empty(weight.shape[0], dtype=torch.float64)
+        for start in range(0, weight.shape[0], _BOUND_ROWS):  # float64 copies of a slice at a time
+            rows = slice(start, start + _BOUND_ROWS)
+            exact, q64, scale64 = weight[rows].double(), q[rows].double(), scale[rows].double()
+            bound[rows] = ((exact - q64 * scale64[:, None]).norm(dim=1)
+                           + gamma * (exact.norm(dim=1) + scale64 * q64.norm(dim=1)))
         return cls(weight, Panels.of(q.numpy(), scale.numpy()), bound)
 
     @property
