@@ -30,14 +30,16 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: in
     ([1, 4, 1, 6], [5, 3, 9, 0]),   # decode and extend rows interleaved
     ([1, 1, 1], [4, 0, 11]),        # all decode
     ([7], [0]),                     # a single prefill
+    # whole prompts: two adjacent of one length share an SDPA call, the others do not
+    ([4, 4, 3, 1, 4, 2], [0, 0, 0, 6, 0, 5]),
 ])
 def test_backend_matches_reference(extend_lens: list[int], prefix_lens: list[int],
                                    in_place_decode: bool) -> None:
     gen = torch.Generator().manual_seed(0)
-    pool = KVPool(1, 64, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
+    pool = KVPool(1, 128, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
     req_to_token = ReqToTokenPool(6, 32, torch.device("cpu"))
-    slots = (torch.randperm(64, generator=gen) + 1).split(16)
-    rows = [5, 2, 0, 3][:len(extend_lens)]
+    slots = (torch.randperm(128, generator=gen) + 1).split(16)
+    rows = [5, 2, 0, 3, 1, 4][:len(extend_lens)]
     full_k, full_v, new_k, new_v, locs = [], [], [], [], []
     for row, request_slots, n, prefix_len in zip(rows, slots, extend_lens, prefix_lens):
         seq_slots = request_slots[:prefix_len + n]

@@ -21,13 +21,11 @@ class _Keys:
 
     slots: [requests, max_seq_len] KV slots; padding points at slot 0.
     mask:  [requests, 1, queries, max_seq_len] additive mask (0 where a query may attend,
-           -inf elsewhere), or None when every query sees every key (or `causal` says how).
-    causal: queries and keys are the same tokens; each sees itself and those before it.
+           -inf elsewhere), or None when every query sees every key.
     """
 
     slots: torch.Tensor
     mask: torch.Tensor | None
-    causal: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,10 +45,27 @@ class _ExtendRow:
     keys: _Keys
 
 
+@dataclass(frozen=True)
+class _FreshRows:
+    """`count` adjacent extend rows of whole prompts of `length` tokens each, nothing cached
+    before them: tokens [start, end) of the batch. Each prompt's queries attend causally to its
+    own new K/V, read from the forward's k / v (the values just written to the pool), all in one
+    SDPA call rather than one gather and call a row."""
+
+    start: int
+    count: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.count * self.length
+
+
 class TorchNativeBackend(AttentionBackend):
     """Decode rows together in one call: in place where `in_place_decode` (CPU float32 pools
     and the kernel runs here), else `scaled_dot_product_attention` over their gathered K/V;
-    each extend row (prefill chunk) in its own SDPA call."""
+    adjacent whole prompts of one length (nothing cached before them) in one SDPA call over the
+    forward's own K/V; every other extend row (a chunk after a prefix) in its own call."""
 
     def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool,
                  in_place_decode: bool | None = None) -> None:
@@ -69,22 +84,31 @@ class TorchNativeBackend(AttentionBackend):
         self._decode: _DecodeRows | None = None
         self._decode_tokens: torch.Tensor | None = None  # None: every token is a decode row
         self._extends: list[_ExtendRow] = []
+        self._fresh: list[_FreshRows] = []
 
     def prepare(self, batch: ForwardBatch) -> None:
         self._out_cache_loc = batch.out_cache_loc
         if batch.is_decode:
             self._decode = self._decode_keys(batch.req_pool_indices, batch.seq_lens,
                                              batch.seq_lens_list)
-            self._decode_tokens, self._extends = None, []
+            self._decode_tokens, self._extends, self._fresh = None, [], []
             return
         rows = batch.req_pool_indices.tolist()
         starts = [0]
         for n in batch.extend_lens[:-1]:
             starts.append(starts[-1] + n)
-        self._extends = [
-            _ExtendRow(starts[r], starts[r] + n, self._extend_keys(rows[r], n, seq_len))
-            for r, (n, seq_len) in enumerate(zip(batch.extend_lens, batch.seq_lens_list))
-            if n > 1]
+        self._extends, self._fresh = [], []
+        for r, (n, seq_len) in enumerate(zip(batch.extend_lens, batch.seq_lens_list)):
+            if n == 1:
+                continue
+            if n < seq_len:
+                self._extends.append(
+                    _ExtendRow(starts[r], starts[r] + n, self._extend_keys(rows[r], n, seq_len)))
+            elif self._fresh and self._fresh[-1].length == n and self._fresh[-1].end == starts[r]:
+                last = self._fresh[-1]
+                self._fresh[-1] = _FreshRows(last.start, last.count + 1, n)
+            else:
+                self._fresh.append(_FreshRows(starts[r], 1, n))
         decode = [r for r, n in enumerate(batch.extend_lens) if n == 1]
         self._decode = self._decode_tokens = None
         if decode:
@@ -117,10 +141,9 @@ class TorchNativeBackend(AttentionBackend):
             slots, _additive(valid[:, None, None, :], self.kv_pool.k[0].dtype)))
 
     def _extend_keys(self, row: int, extend_len: int, seq_len: int) -> _Keys:
+        """The keys of an extend row after a prefix (cached, or its prompt's earlier chunks)."""
         table = self.req_to_token.table
         slots = table[row, :seq_len][None]
-        if extend_len == seq_len:
-            return _Keys(slots, None, causal=True)
         keys = torch.arange(seq_len, device=table.device)
         queries = torch.arange(seq_len - extend_len, seq_len, device=table.device)
         visible = keys[None, :] <= queries[:, None]
@@ -140,6 +163,9 @@ class TorchNativeBackend(AttentionBackend):
         for row in self._extends:
             out[row.start:row.end] = _attend(row.keys, q[None, row.start:row.end],
                                              k_cache, v_cache)[0]
+        for fresh in self._fresh:
+            tokens = slice(fresh.start, fresh.end)
+            out[tokens] = _attend_fresh(fresh, q[tokens], k[tokens], v[tokens])
         return out
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -160,6 +186,18 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~visible, float("-inf"))
 
 
+def _attend_fresh(fresh: _FreshRows, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                  ) -> torch.Tensor:
+    """q [tokens, heads, dim] and the same tokens' k / v [tokens, kv_heads, dim] of `fresh`'s
+    prompts -> attention output like q."""
+    def by_prompt(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(fresh.count, fresh.length, *x.shape[1:]).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(by_prompt(q), by_prompt(k), by_prompt(v),
+                                         is_causal=True, enable_gqa=True)
+    return out.transpose(1, 2).reshape(q.shape)
+
+
 def _attend(keys: _Keys, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
             ) -> torch.Tensor:
     """q [requests, queries, heads, dim] -> attention output of the same shape."""
@@ -168,5 +206,5 @@ def _attend(keys: _Keys, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     k = k_cache.index_select(0, flat).view(shape).transpose(1, 2)
     v = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=keys.mask,
-                                         is_causal=keys.causal, enable_gqa=True)
+                                         enable_gqa=True)
     return out.transpose(1, 2)

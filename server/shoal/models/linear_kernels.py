@@ -69,9 +69,12 @@ TIMED_ROWS = ((1,), (4,), (16, 32, 64), (256,))
 _BUCKET_STARTS = (1, 2, 12, 256)
 LARGE_FORWARD_TOKENS = _BUCKET_STARTS[2]
 # Candidates are timed on random weights of the same shape and layout, at most this many output
-# rows (the LM head's 49k rows behave like 4k), and at small row counts on enough copies that a
-# pass streams from memory as a decode step does, not from cache.
-_MEASURE_MAX_OUT = 3072
+# rows (the LM head's 49k rows behave like 16k: a copy larger than the last-level cache, as the
+# head is; cut to 3k rows, a copy that stayed in cache, oneDNN's packed product measured as fast
+# as the panels at 16-64 rows where on the whole head it was 10-40% slower, docs/benchmarks.md),
+# and at small row counts on enough copies that a pass streams from memory as a decode step
+# does, not from cache.
+_MEASURE_MAX_OUT = 16384
 _STREAM_BYTES = 48 << 20
 _MAX_COPIES = 256
 _MEMORY_BOUND_ROWS = 8
