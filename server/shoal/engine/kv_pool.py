@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from shoal.models.huge_pages import advise_huge_pages
+
 
 class ReqToTokenPool:
     """`table[req_pool_idx, pos]` is the KV slot holding the token at `pos` of the request that
@@ -57,13 +59,15 @@ class TokenSlotAllocator:
 
 
 class KVPool:
-    """Per-layer K and V buffers of shape [num_slots + 1, num_kv_heads, head_dim]."""
+    """Per-layer K and V buffers of shape [num_slots + 1, num_kv_heads, head_dim]; on the CPU in
+    transparent huge pages (decode attention reads each request's rows where they lie, scattered
+    over the buffer: `shoal.models.huge_pages`)."""
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.num_slots = num_slots
 
     @staticmethod
@@ -75,3 +79,11 @@ class KVPool:
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer; on the CPU its pages are asked to be huge before zeroing touches them."""
+    buffer = torch.empty(shape, dtype=dtype, device=device)
+    if device.type == "cpu":
+        advise_huge_pages(buffer)
+    return buffer.zero_()

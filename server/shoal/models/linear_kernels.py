@@ -36,11 +36,9 @@ against 2-thread MKL it looked as fast, and made a 512-token prefill 2.7x slower
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.models import kernel_choices, numba_products, panel_products
+from shoal.models.huge_pages import huge_page_arena
 from shoal.models.kernel_probe import runs_in_children
 from shoal.models.panel_products import Panels
 from shoal.models.quantization import dequantize, quantize_per_channel
@@ -84,9 +83,6 @@ _GIVE_UP_RATIO = 3.0
 # oneDNN blocks a packed weight for products of about this many rows (any count computes; 32
 # ran 12-1024-row products within a few percent of the best blocking for each)
 _PACKED_FOR_ROWS = 32
-
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
 
 
 @dataclass
@@ -497,7 +493,7 @@ def _store(params: list[nn.Parameter], layouts: dict[int, str], quantize: bool
     stored: dict[int, StoredWeight] = {}
     in_arena = {id(p): p for p in params if layouts[id(p)] in ("row", "col")
                 and p.device.type == "cpu" and p.dtype == torch.float32}
-    arena = _huge_page_arena(sum(p.numel() for p in in_arena.values())) if in_arena else None
+    arena = huge_page_arena(sum(p.numel() for p in in_arena.values())) if in_arena else None
     offset = 0
     for param in params:
         if quantize:
@@ -517,19 +513,3 @@ def _store(params: list[nn.Parameter], layouts: dict[int, str], quantize: bool
                 param.data = chunk.view(rows, cols)
         stored[id(param)] = StoredWeight(param.data)
     return stored
-
-
-def _huge_page_arena(numel: int) -> torch.Tensor:
-    """An untouched float32 buffer of `numel` elements whose pages the kernel is asked to back
-    with transparent huge pages (on Linux; plain memory where that is refused)."""
-    buffer = torch.empty(numel + _HUGE_PAGE // 4, dtype=torch.float32)
-    start = -buffer.data_ptr() % _HUGE_PAGE
-    arena = buffer[start // 4:start // 4 + numel]
-    if sys.platform == "linux":
-        length = numel * 4 // _HUGE_PAGE * _HUGE_PAGE
-        libc = ctypes.CDLL(None, use_errno=True)
-        if length and libc.madvise(ctypes.c_void_p(arena.data_ptr()), ctypes.c_size_t(length),
-                                   _MADV_HUGEPAGE) != 0:
-            logger.info("no transparent huge pages for the weights (madvise: errno %d)",
-                        ctypes.get_errno())
-    return arena

@@ -1,0 +1,49 @@
+"""Huge pages behind the weight arena and the KV pool: the kernel backs them where asked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from shoal.engine.kv_pool import KVPool
+from shoal.models.huge_pages import HUGE_PAGE, huge_page_arena
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _huge_kib(buffer: torch.Tensor) -> int:
+    """AnonHugePages of the mapping that holds the first whole huge page inside `buffer`
+    (/proc/self/smaps: advising a range splits its mapping there)."""
+    address = buffer.data_ptr() + -buffer.data_ptr() % HUGE_PAGE
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    raise AssertionError("the buffer is in no mapping of /proc/self/smaps")
+
+
+needs_thp = pytest.mark.skipif(
+    sys.platform != "linux" or not _THP.exists() or "[never]" in _THP.read_text(),
+    reason="transparent huge pages are off on this host")
+
+
+def test_the_arena_starts_on_a_huge_page_boundary() -> None:
+    arena = huge_page_arena(1000)
+    assert arena.numel() == 1000 and arena.data_ptr() % HUGE_PAGE == 0
+
+
+@needs_thp
+def test_the_kv_pool_and_the_arena_are_backed_by_huge_pages() -> None:
+    pool = KVPool(1, 16384, 3, 64, torch.float32, torch.device("cpu"))  # 12 MiB a buffer
+    assert torch.count_nonzero(pool.k[0]) == 0 and torch.count_nonzero(pool.v[0]) == 0
+    assert _huge_kib(pool.k[0]) >= 2 * HUGE_PAGE // 1024
+    arena = huge_page_arena(3 * HUGE_PAGE // 4)
+    arena.fill_(1.0)
+    assert _huge_kib(arena) >= 2 * HUGE_PAGE // 1024
