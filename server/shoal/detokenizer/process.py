@@ -16,8 +16,14 @@ from shoal.tokenizer import load_tokenizer_or_fail, resolve_model_path
 logger = logging.getLogger(__name__)
 
 
+# An idle detokenizer wakes this often: a SIGTERM the kernel delivers to another thread (the
+# tokenizer's own) interrupts no receive, and its Python handler runs only once the main thread
+# runs Python again.
+_IDLE_WAKE_MS = 500
+
+
 def run_detokenizer(args: ServerArgs, component: ComponentArgs) -> None:
-    """Serve until SIGTERM, which raises SystemExit out of the blocking receive."""
+    """Serve until SIGTERM, whose handler raises SystemExit in the main thread."""
     exit_on_sigterm()
     detokenizer = IncrementalDetokenizer(load_tokenizer_or_fail(resolve_model_path(args)))
     endpoints = Endpoints(component.run_dir)
@@ -28,6 +34,8 @@ def run_detokenizer(args: ServerArgs, component: ComponentArgs) -> None:
         send(sender, ComponentReady(component="detokenizer"))
         logger.info("detokenizer ready")
         while True:
+            if not receiver.poll(_IDLE_WAKE_MS):
+                continue
             message = recv(receiver)
             if not isinstance(message, BatchTokenOut):
                 logger.warning("detokenizer ignores %s", type(message).__name__)
