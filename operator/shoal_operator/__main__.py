@@ -1,4 +1,5 @@
-"""`python -m shoal_operator` / `shoal-operator`: run the operator (kopf, standalone).
+"""`python -m shoal_operator` / `shoal-operator`: run the operator (kopf, standalone; with
+`--leader-election`, one of several replicas reconciles at a time).
 
 Every flag can also come from the environment as SHOAL_OPERATOR_<FLAG> (a flag wins).
 """
@@ -8,14 +9,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
+import uuid
+from pathlib import Path
 
 import kopf
 
 from shoal_operator import handlers
 from shoal_operator.config import DEFAULT_IMAGE, OperatorConfig
 from shoal_operator.kube import Kube, load_api_client
+from shoal_operator.leadership import Leadership
 
 ENV_PREFIX = "SHOAL_OPERATOR_"
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def _env(flag: str, default: str | None = None) -> str | None:
@@ -34,8 +40,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="address of the liveness endpoint GET /healthz (e.g. the pod IP)")
     parser.add_argument("--health-port", type=int, default=int(_env("health-port", "8080") or 0),
                         help="its port; 0 turns it off")
+    parser.add_argument("--allow-host-path", action="store_true",
+                        default=_env("allow-host-path", "") == "true",
+                        help="create pods for ModelDeployments with a hostPath model volume "
+                             "(refused otherwise: it mounts a folder of the node)")
+    parser.add_argument("--leader-election", action="store_true",
+                        default=_env("leader-election", "") == "true",
+                        help="run as one of several replicas: only the holder of a "
+                             "coordination.k8s.io Lease reconciles")
+    parser.add_argument("--leader-election-namespace",
+                        default=_env("leader-election-namespace"),
+                        help="the Lease's namespace (default: the pod's own)")
+    parser.add_argument("--leader-election-id", default=_env("leader-election-id",
+                                                             "shoal-operator"),
+                        help="the Lease's name")
     parser.add_argument("--log-level", default=_env("log-level", "info"))
     args = parser.parse_args(argv)
+    if args.leader_election and not args.leader_election_namespace:
+        if not POD_NAMESPACE_FILE.exists():
+            parser.error("--leader-election needs --leader-election-namespace outside a pod")
+        args.leader_election_namespace = POD_NAMESPACE_FILE.read_text().strip()
     if args.namespaces is None:
         env = _env("namespaces", "") or ""
         args.namespaces = [ns.strip() for ns in env.split(",") if ns.strip()]
@@ -48,9 +72,14 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s [%(name)s] %(levelname)s: %(message)s")
     if logging.getLogger().level > logging.DEBUG:  # not a line per pod event
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    memo = kopf.Memo(kube=Kube(load_api_client()), wakeups=handlers.Wakeups(),
+    kube = Kube(load_api_client())
+    leadership = Leadership(kube, args.leader_election_namespace, args.leader_election_id,
+                            f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}") \
+        if args.leader_election else None
+    memo = kopf.Memo(kube=kube, wakeups=handlers.Wakeups(), leadership=leadership,
                      config=OperatorConfig(default_image=args.default_image,
-                                           cluster_domain=args.cluster_domain))
+                                           cluster_domain=args.cluster_domain,
+                                           allow_host_path=args.allow_host_path))
     liveness = (f"http://{args.health_host}:{args.health_port}/healthz"
                 if args.health_port else None)
     kopf.run(standalone=True, clusterwide=not args.namespaces, namespaces=args.namespaces,

@@ -90,5 +90,25 @@ class DeleteRouter:
         return f"delete deployment and service {self.name}"
 
 
+@dataclass(frozen=True)
+class ApplyNetworkPolicy:
+    """The NetworkPolicy as it should be now: created, or merged over the stored one."""
+
+    policy: dict[str, Any]
+    exists: bool
+
+    def describe(self) -> str:
+        verb = "update" if self.exists else "create"
+        return f"{verb} network policy {self.policy['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class DeleteNetworkPolicy:
+    name: str
+
+    def describe(self) -> str:
+        return f"delete network policy {self.name}"
+
+
 Action = (ReplaceStatus | EmitEvent | DeletePods | CreateService | CreatePods | CreateDeployment
-          | PatchDeployment | DeleteRouter)
+          | PatchDeployment | DeleteRouter | ApplyNetworkPolicy | DeleteNetworkPolicy)

@@ -1,4 +1,10 @@
-"""The objects the operator creates: pods of a group, the two Services, Events. Pure.
+"""The objects the operator creates: pods of a group, the Services, the router's Deployment,
+the NetworkPolicy, Events. Pure.
+
+Every pod passes the `restricted` Pod Security profile as built: the image's non-root user, no
+privilege escalation, no capabilities, the RuntimeDefault seccomp profile, a read-only root
+filesystem with an emptyDir at /tmp (the engine's run dir and caches) and a memory-backed
+/dev/shm. A `podTemplate.securityContext` is merged over the pod-level defaults.
 
 A group's pods share one template; `template_hash` fingerprints it (everything that defines a
 pod: image, model, engine flags and env, resources, scheduling fields), and a pod whose hash
@@ -7,6 +13,7 @@ differs from the current one is rolled.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from datetime import datetime
@@ -21,6 +28,14 @@ READINESS_PERIOD_S = 3
 DEFAULT_GRACE_S = 130  # above the engine's 120 s drain (docs/image.md)
 POD_TEMPLATE_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName",
                        "securityContext", "terminationGracePeriodSeconds")
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True, "runAsUser": names.IMAGE_UID, "runAsGroup": names.IMAGE_UID,
+    "fsGroup": names.IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]}}
+SCRATCH_VOLUME = {"name": "tmp", "emptyDir": {}}
+SCRATCH_MOUNT = {"name": "tmp", "mountPath": names.SCRATCH_MOUNT_PATH}
 
 
 def owner_reference(md: ModelDeployment) -> dict[str, Any]:
@@ -55,14 +70,27 @@ def engine_env(md: ModelDeployment, config: OperatorConfig, replica: int, node_r
     env: list[dict[str, Any]] = [
         {"name": "SHOAL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     env += [{"name": k, "value": v} for k, v in values.items()]
+    env += api_key_env(md)
     user = {e["name"]: e for e in engine.env}
     merged = [user.pop(e["name"], e) for e in env]
     return merged + list(user.values())
 
 
+def api_key_env(md: ModelDeployment) -> list[dict[str, Any]]:
+    """SHOAL_API_KEY from the Secret `spec.auth.apiKeySecretRef` names: the pod spec holds the
+    reference only, the kubelet reads the value (the operator may not read Secrets)."""
+    ref = md.spec.api_key_secret
+    if ref is None:
+        return []
+    return [{"name": names.API_KEY_ENV,
+             "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
 def _volumes(md: ModelDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                                     copy.deepcopy(SCRATCH_VOLUME)]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"},
+                                    copy.deepcopy(SCRATCH_MOUNT)]
     if md.spec.model.volume:
         volumes.append({"name": "model", **md.spec.model.volume})
         mounts.append({"name": "model", "mountPath": names.MODEL_MOUNT_PATH, "readOnly": True})
@@ -85,6 +113,7 @@ def pod_spec(md: ModelDeployment, config: OperatorConfig, replica: int, node_ran
         "resources": role.engine.resources, "volumeMounts": mounts,
         "terminationMessagePath": names.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "hostname": name,
@@ -98,8 +127,12 @@ def pod_spec(md: ModelDeployment, config: OperatorConfig, replica: int, node_ran
 
 
 def _pod_template_fields(md: ModelDeployment) -> dict[str, Any]:
-    return {k: md.spec.pod_template[k] for k in POD_TEMPLATE_FIELDS
-            if md.spec.pod_template.get(k) is not None}
+    """`spec.podTemplate`'s fields; its securityContext merged over the restricted defaults."""
+    fields = {k: md.spec.pod_template[k] for k in POD_TEMPLATE_FIELDS
+              if md.spec.pod_template.get(k) is not None}
+    fields["securityContext"] = {**copy.deepcopy(POD_SECURITY_CONTEXT),
+                                 **fields.get("securityContext", {})}
+    return fields
 
 
 def _fingerprint(obj: Any) -> str:
@@ -185,13 +218,17 @@ def build_router_deployment(md: ModelDeployment, config: OperatorConfig) -> dict
     container = {
         "name": names.ROUTER_CONTAINER, "image": md.spec.image,
         "command": ["shoal"], "args": router_args(md, config),
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                *api_key_env(md)],
         "ports": [{"name": "http", "containerPort": names.HTTP_PORT}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
                            "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": 2},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        "volumeMounts": [copy.deepcopy(SCRATCH_MOUNT)],
     }
     pod_spec_: dict[str, Any] = {"automountServiceAccountToken": False,
                                  "enableServiceLinks": False, "containers": [container],
+                                 "volumes": [copy.deepcopy(SCRATCH_VOLUME)],
                                  **_pod_template_fields(md)}
     spec = {"replicas": md.spec.router.replicas, "selector": {"matchLabels": selector},
             "template": {"metadata": {"labels": selector}, "spec": pod_spec_}}
@@ -207,6 +244,26 @@ def build_router_service(md: ModelDeployment) -> dict[str, Any]:
             "spec": {"type": "ClusterIP",
                      "selector": engine_selector(md.name, names.ROUTER_ROLE),
                      "ports": [{"name": "http", "port": names.HTTP_PORT, "targetPort": "http"}]}}
+
+
+def build_network_policy(md: ModelDeployment) -> dict[str, Any]:
+    """Ingress to the engine pods (every server role) from the ModelDeployment's own pods (its
+    ranks' rendezvous and KV transfer, its router) and from the pods of
+    `spec.networkPolicy.clientNamespaces`, on any port (the transfer ports are picked at run
+    time); nothing else. Its `shoal.dev/template-hash` label fingerprints the spec."""
+    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": names.common_labels(md.name)}}]
+    clients = md.spec.network_policy.client_namespaces
+    if clients:
+        peers.append({"namespaceSelector": {"matchExpressions": [
+            {"key": names.NAMESPACE_NAME_LABEL, "operator": "In", "values": list(clients)}]}})
+    spec = {"podSelector": {"matchLabels": names.common_labels(md.name),
+                            "matchExpressions": [{"key": names.COMPONENT, "operator": "In",
+                                                  "values": list(names.SERVER_ROLES)}]},
+            "policyTypes": ["Ingress"], "ingress": [{"from": peers}]}
+    labels = {**names.common_labels(md.name), names.TEMPLATE_HASH: _fingerprint(spec)}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(md, names.network_policy_name(md.name), labels),
+            "spec": spec}
 
 
 def build_event(md: ModelDeployment, name: str, reason: str, event_type: str, message: str,

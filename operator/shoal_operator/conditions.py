@@ -4,7 +4,8 @@
 |-------------|--------------------------------------------------------------------------|
 | Available   | at least one group is Ready and no more than `maxUnavailable` are not    |
 | Progressing | groups are being created, restarted, rolled or removed                   |
-| Degraded    | a group is Failed (startup failure, restart limit, a reason not listed)  |
+| Degraded    | a group is Failed (startup failure, restart limit, a reason not listed), |
+|             | or the spec is refused (refusals.py: reason HostPathNotAllowed)          |
 
 Phase: `Failed` when every desired group is Failed, `Degraded` when some are, `Ready` when every
 desired group is Ready on the current template and nothing else is in flight, else
@@ -42,6 +43,22 @@ def conditions(summary: Summary, previous: RecordedStatus, generation: int,
                now: datetime) -> list[dict[str, Any]]:
     wanted = [("Available", *_available(summary)), ("Progressing", *_progressing(summary)),
               ("Degraded", *_degraded(summary))]
+    return _stamped(wanted, previous, generation, now)
+
+
+def refused_conditions(reason: str, message: str, previous: RecordedStatus, generation: int,
+                       now: datetime) -> list[dict[str, Any]]:
+    """A spec the operator refuses (refusals.py): Degraded with the refusal's reason."""
+    wanted = [("Available", "False", "SpecRefused", message),
+              ("Progressing", "False", "SpecRefused", "nothing is created until the spec "
+                                                      "changes"),
+              ("Degraded", "True", reason, message)]
+    return _stamped(wanted, previous, generation, now)
+
+
+def _stamped(wanted: list[tuple[str, str, str, str]], previous: RecordedStatus,
+             generation: int, now: datetime) -> list[dict[str, Any]]:
+    """The conditions with their lastTransitionTime kept while their status stays."""
     out = []
     for kind, status, reason, message in wanted:
         before = previous.condition(kind)

@@ -13,3 +13,6 @@ DEFAULT_IMAGE = f"shoal:{__version__}"
 class OperatorConfig:
     default_image: str = DEFAULT_IMAGE  # for a ModelDeployment without spec.image
     cluster_domain: str = "cluster.local"
+    # a ModelDeployment's hostPath model volume mounts a folder of the node into a pod that the
+    # operator creates with its own rights: refused unless the operator is told otherwise
+    allow_host_path: bool = False

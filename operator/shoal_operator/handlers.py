@@ -1,6 +1,7 @@
 """The kopf handlers, kept thin: one daemon per ModelDeployment runs reconcile passes (each reads
 everything back, so a pass is the same whenever and however often it runs); events about its pods
-and about itself only wake the daemon early."""
+and about itself only wake the daemon early. With leader election (`memo.leadership`), every
+replica runs the daemons, and only the leader's make passes."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import urllib3
 from kubernetes.client import ApiException
 
 from shoal_operator import names
+from shoal_operator.election import RETRY_PERIOD_S
+from shoal_operator.leadership import Leadership
 from shoal_operator.reconcile import reconcile
 
 RESYNC_S = 10.0  # a pass at least this often, events or not
 RETRY_S = 2.0  # after the API refused or failed an action
 CONFLICT_RETRY_S = 0.2  # the ModelDeployment changed under the pass: plan again at once
 MIN_PASS_INTERVAL_S = 0.1
+STANDBY_POLL_S = 0.5  # a standby's daemons look this often whether their replica leads now
 FINALIZER = "shoal.dev/operator"  # kopf's, so it can stop a daemon before its resource goes
 
 logger = logging.getLogger(__name__)
@@ -61,12 +65,30 @@ class Wakeups:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     # No watch on CRDs and namespaces (the CRD comes with the chart, the namespaces are given):
     # the chart's RBAC then needs no cluster-scoped permission and kopf logs no 403s.
     settings.scanning.disabled = True
+    if memo.leadership is not None:
+        memo.election = asyncio.create_task(_keep_leadership(memo.leadership))
+
+
+async def _keep_leadership(leadership: Leadership) -> None:
+    while True:
+        try:
+            await asyncio.to_thread(leadership.try_once)
+        except (ApiException, urllib3.exceptions.HTTPError) as exc:
+            logger.warning("leader election: %s", exc)
+        await asyncio.sleep(RETRY_PERIOD_S)
+
+
+@kopf.on.cleanup()
+async def stop_leading(memo: kopf.Memo, **_: Any) -> None:
+    if memo.leadership is not None:
+        memo.election.cancel()
+        await asyncio.to_thread(memo.leadership.release)
 
 
 @kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, cancellation_timeout=10.0,
@@ -75,6 +97,9 @@ async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
                                 stopped: kopf.DaemonStopped, **_: Any) -> None:
     try:
         while not stopped:
+            if memo.leadership is not None and not memo.leadership.leading:
+                await memo.wakeups.sleep(namespace, name, STANDBY_POLL_S, stopped)
+                continue
             try:
                 delay = await asyncio.to_thread(reconcile, memo.kube, namespace, name,
                                                 memo.config)

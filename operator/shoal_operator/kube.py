@@ -8,14 +8,24 @@ import logging
 from typing import Any
 
 import kubernetes
-from kubernetes.client import ApiClient, ApiException, AppsV1Api, CoreV1Api, CustomObjectsApi
+from kubernetes.client import (
+    ApiClient,
+    ApiException,
+    AppsV1Api,
+    CoordinationV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    NetworkingV1Api,
+)
 
 from shoal_operator import names
 from shoal_operator.actions import (
     Action,
+    ApplyNetworkPolicy,
     CreateDeployment,
     CreatePods,
     CreateService,
+    DeleteNetworkPolicy,
     DeletePods,
     DeleteRouter,
     EmitEvent,
@@ -46,6 +56,8 @@ class Kube:
         self.core = CoreV1Api(api_client)
         self.apps = AppsV1Api(api_client)
         self.custom = CustomObjectsApi(api_client)
+        self.networking = NetworkingV1Api(api_client)
+        self.coordination = CoordinationV1Api(api_client)
 
     def read_model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -58,8 +70,10 @@ class Kube:
             raise
 
     def list_children(self, namespace: str, name: str) -> tuple[
-            list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        """The pods, Services and Deployments carrying the ModelDeployment's instance label."""
+            list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]],
+            list[dict[str, Any]]]:
+        """The pods, Services, Deployments and NetworkPolicies carrying the ModelDeployment's
+        instance label."""
         selector = f"{names.INSTANCE}={name},{names.MANAGED_BY}={names.OPERATOR}"
         pods = _json(self.core.list_namespaced_pod(namespace, label_selector=selector,
                                                    _preload_content=False))
@@ -67,7 +81,31 @@ class Kube:
                                                            _preload_content=False))
         deployments = _json(self.apps.list_namespaced_deployment(
             namespace, label_selector=selector, _preload_content=False))
-        return pods["items"], services["items"], deployments["items"]
+        policies = _json(self.networking.list_namespaced_network_policy(
+            namespace, label_selector=selector, _preload_content=False))
+        return pods["items"], services["items"], deployments["items"], policies["items"]
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.coordination.read_namespaced_lease(name, namespace,
+                                                                 _preload_content=False))
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return None
+            raise
+
+    def write_lease(self, namespace: str, name: str, spec: dict[str, Any],
+                    resource_version: str | None) -> None:
+        """Create the Lease (no resource_version) or replace it at that version: 409 when
+        another replica wrote it first."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
+                "spec": spec}
+        if resource_version is None:
+            self.coordination.create_namespaced_lease(namespace, body)
+        else:
+            metadata["resourceVersion"] = resource_version
+            self.coordination.replace_namespaced_lease(name, namespace, body)
 
     def apply(self, md_body: dict[str, Any], action: Action) -> None:
         """Carry out one action. Creating what exists and deleting what is gone are no-ops; a
@@ -91,6 +129,17 @@ class Kube:
         elif isinstance(action, DeleteRouter):
             _delete(lambda: self.apps.delete_namespaced_deployment(action.name, namespace))
             _delete(lambda: self.core.delete_namespaced_service(action.name, namespace))
+        elif isinstance(action, ApplyNetworkPolicy):
+            if action.exists:
+                self.networking.patch_namespaced_network_policy(
+                    action.policy["metadata"]["name"], namespace, action.policy,
+                    _content_type="application/merge-patch+json")
+            else:
+                _create(lambda: self.networking.create_namespaced_network_policy(
+                    namespace, action.policy))
+        elif isinstance(action, DeleteNetworkPolicy):
+            _delete(lambda: self.networking.delete_namespaced_network_policy(action.name,
+                                                                            namespace))
         elif isinstance(action, CreatePods):
             for pod in action.pods:
                 _create(lambda pod=pod: self.core.create_namespaced_pod(namespace, pod))

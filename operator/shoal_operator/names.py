@@ -14,6 +14,9 @@ HTTP_PORT = 30000  # the engine's --port: OpenAI API on node 0, the node health 
 DIST_INIT_PORT = 29500  # the rendezvous port on node 0 of a multi-node group
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 MODEL_MOUNT_PATH = "/models"
+SCRATCH_MOUNT_PATH = "/tmp"  # an emptyDir: the only place a container writes (read-only root)
+IMAGE_UID = 10001  # the image's user and group (Dockerfile: USER 10001:10001)
+API_KEY_ENV = "SHOAL_API_KEY"  # read by `shoal serve` and `shoal router`
 
 NAME = "app.kubernetes.io/name"
 INSTANCE = "app.kubernetes.io/instance"
@@ -23,6 +26,7 @@ GROUP_LABEL = "shoal.dev/group"
 REPLICA = "shoal.dev/replica"
 NODE_RANK = "shoal.dev/node-rank"
 TEMPLATE_HASH = "shoal.dev/template-hash"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # the apiserver sets it on each namespace
 INCARNATION = "shoal.dev/incarnation"  # which life of its group a pod belongs to (status.groups)
 
 ENGINE_ROLE = "engine"  # a colocated server's pods
@@ -64,6 +68,11 @@ def service_name(md_name: str) -> str:
 def router_name(md_name: str) -> str:
     """The router's Deployment and its ClusterIP Service (then `status.endpoint`)."""
     return f"{md_name}-router"
+
+
+def network_policy_name(md_name: str) -> str:
+    """The NetworkPolicy in front of the engine pods (spec.networkPolicy.enabled)."""
+    return f"{md_name}-engines"
 
 
 def service_host(service: str, namespace: str, cluster_domain: str) -> str:

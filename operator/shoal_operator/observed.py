@@ -97,24 +97,33 @@ def _container_end(status: dict[str, Any]) -> ContainerEnd | None:
 
 @dataclass(frozen=True)
 class Observed:
-    """A ModelDeployment's pods, Services and Deployments (the router's) as listed by its
-    instance label; a Deployment by name with its `shoal.dev/template-hash` label."""
+    """A ModelDeployment's pods, Services, Deployments (the router's) and NetworkPolicies as
+    listed by its instance label; a Deployment or NetworkPolicy by name with its
+    `shoal.dev/template-hash` label."""
 
     pods: tuple[PodState, ...] = ()
     services: frozenset[str] = frozenset()
     deployments: tuple[tuple[str, str], ...] = ()
+    network_policies: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_objects(cls, pods: list[dict[str, Any]], services: list[dict[str, Any]],
-                     deployments: Sequence[dict[str, Any]] = ()) -> Observed:
+                     deployments: Sequence[dict[str, Any]] = (),
+                     network_policies: Sequence[dict[str, Any]] = ()) -> Observed:
         parsed = (PodState.from_object(p) for p in pods)
         return cls(pods=tuple(p for p in parsed if p is not None),
                    services=frozenset(s["metadata"]["name"] for s in services),
-                   deployments=tuple(sorted(
-                       (d["metadata"]["name"],
-                        (d["metadata"].get("labels") or {}).get(names.TEMPLATE_HASH, ""))
-                       for d in deployments)))
+                   deployments=_hashes(deployments), network_policies=_hashes(network_policies))
 
     def deployment_hash(self, name: str) -> str | None:
         """The template hash of the Deployment of that name; None when there is none."""
         return dict(self.deployments).get(name)
+
+    def network_policy_hash(self, name: str) -> str | None:
+        return dict(self.network_policies).get(name)
+
+
+def _hashes(objects: Sequence[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((o["metadata"]["name"],
+                         (o["metadata"].get("labels") or {}).get(names.TEMPLATE_HASH, ""))
+                        for o in objects))

@@ -3,7 +3,10 @@ decision the operator makes is made here.
 
 One pass, reading nothing but its arguments, for each role the spec runs (colocated `engine`
 groups, or `prefill` and `decode` groups; a role it no longer runs has no replicas):
-1. the Services exist (and the router's Deployment is as the spec says, or gone);
+0. a spec the operator refuses (refusals.py: a hostPath volume without the opt-in) gets an
+   Event and a Failed status naming the field, and nothing else;
+1. the Services exist (the router's Deployment and the NetworkPolicy are as the spec says, or
+   gone);
 2. each desired group (replica 0 .. replicas-1) is judged: pods of an older incarnation are
    deleted; a group whose pod ended is restarted (after backoff) or marked Failed
    (failures.py); a group past its backoff gets its missing pods;
@@ -29,9 +32,11 @@ from typing import Any
 from shoal_operator import builders, names
 from shoal_operator.actions import (
     Action,
+    ApplyNetworkPolicy,
     CreateDeployment,
     CreatePods,
     CreateService,
+    DeleteNetworkPolicy,
     DeletePods,
     DeleteRouter,
     EmitEvent,
@@ -39,10 +44,11 @@ from shoal_operator.actions import (
     PodRef,
     ReplaceStatus,
 )
-from shoal_operator.conditions import Summary, conditions, phase
+from shoal_operator.conditions import Summary, conditions, phase, refused_conditions
 from shoal_operator.config import OperatorConfig
 from shoal_operator.failures import Fail, Restart, Wait, judge
 from shoal_operator.observed import Observed, PodState
+from shoal_operator.refusals import Refusal, refusals
 from shoal_operator.rollout import GroupHealth, groups_to_replace, surge_replicas
 from shoal_operator.spec import ModelDeployment, Role
 from shoal_operator.status import (
@@ -75,7 +81,25 @@ def plan(md: ModelDeployment, observed: Observed, now: datetime,
          config: OperatorConfig) -> Plan:
     if md.deleting:  # the garbage collector removes the children
         return Plan((), None)
+    refused = refusals(md.spec, config)
+    if refused:
+        return _refuse(md, refused, now)
     return _Pass(md, observed, now, config).run()
+
+
+def _refuse(md: ModelDeployment, refused: tuple[Refusal, ...], now: datetime) -> Plan:
+    """A refused spec: an Event and the status say why; nothing is created, changed or
+    deleted until the spec changes."""
+    first = refused[0]
+    message = "; ".join(r.message for r in refused)
+    event = builders.build_event(md, f"{md.name}.{md.uid[:8]}.refused-{md.generation}",
+                                 "SpecRefused", "Warning", message, now)
+    status = {**md.status.raw, "observedGeneration": md.generation, "phase": "Failed",
+              "conditions": refused_conditions(first.reason, message, md.status,
+                                               md.generation, now)}
+    if status == md.status.raw:  # said already
+        return Plan((), None)
+    return Plan((EmitEvent(event), ReplaceStatus(status)), None)
 
 
 class _Pass:
@@ -93,13 +117,14 @@ class _Pass:
         self.target_hash = ""
         self.restarts_by_reason = Counter(md.status.restarts_by_reason)
         self.events: list[EmitEvent] = []
-        self.deletes: list[DeletePods | DeleteRouter] = []
+        self.deletes: list[DeletePods | DeleteRouter | DeleteNetworkPolicy] = []
         self.creates: list[Action] = []
         self.waits: list[float] = []
 
     def run(self) -> Plan:
         self._ensure_services()
         self._ensure_router()
+        self._ensure_network_policy()
         kept: list[GroupView] = []
         desired: list[GroupView] = []
         retiring: list[GroupRecord] = []
@@ -328,6 +353,17 @@ class _Pass:
             self.creates.append(CreateDeployment(deployment))
         elif stored != deployment["metadata"]["labels"][names.TEMPLATE_HASH]:
             self.creates.append(PatchDeployment(deployment))
+
+    def _ensure_network_policy(self) -> None:
+        name = names.network_policy_name(self.md.name)
+        stored = self.observed.network_policy_hash(name)
+        if not self.md.spec.network_policy.enabled:
+            if stored is not None:
+                self.deletes.append(DeleteNetworkPolicy(name))
+            return
+        policy = builders.build_network_policy(self.md)
+        if stored != policy["metadata"]["labels"][names.TEMPLATE_HASH]:
+            self.creates.append(ApplyNetworkPolicy(policy, exists=stored is not None))
 
     def _delete(self, group: str, pods: list[PodState], grace: int | None, why: str) -> None:
         gone = tuple(PodRef(p.name, p.uid) for p in pods if not p.terminating)

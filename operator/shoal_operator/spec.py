@@ -74,6 +74,21 @@ class Router:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """A key of a Secret in the ModelDeployment's namespace; the kubelet reads it, not the
+    operator."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    enabled: bool = False
+    client_namespaces: tuple[str, ...] = ()  # namespaces whose pods may reach the engines
+
+
+@dataclass(frozen=True)
 class Spec:
     image: str
     model: Model = Model()
@@ -84,6 +99,8 @@ class Spec:
     pod_template: dict[str, Any] = field(default_factory=dict)
     disaggregation: tuple[Role, Role] | None = None  # prefill, decode
     router: Router | None = None
+    api_key_secret: SecretKeyRef | None = None  # spec.auth.apiKeySecretRef
+    network_policy: NetworkPolicy = NetworkPolicy()
 
     @property
     def colocated(self) -> Role:
@@ -150,6 +167,8 @@ def parse_spec(raw: dict[str, Any], default_image: str) -> Spec:
         pod_template=dict(raw.get("podTemplate") or {}),
         disaggregation=_disaggregation(raw.get("disaggregation"), engine_spec),
         router=_router(raw.get("router")),
+        api_key_secret=_secret_ref((raw.get("auth") or {}).get("apiKeySecretRef")),
+        network_policy=_network_policy(raw.get("networkPolicy") or {}),
     )
 
 
@@ -170,3 +189,15 @@ def _router(raw: dict[str, Any] | None) -> Router | None:
         return None
     return Router(replicas=int(raw.get("replicas", 1)),
                   policy=str(raw.get("policy", Router.policy)))
+
+
+def _secret_ref(raw: dict[str, Any] | None) -> SecretKeyRef | None:
+    if raw is None:
+        return None
+    return SecretKeyRef(name=str(raw["name"]), key=str(raw["key"]))
+
+
+def _network_policy(raw: dict[str, Any]) -> NetworkPolicy:
+    return NetworkPolicy(enabled=bool(raw.get("enabled", False)),
+                         client_namespaces=tuple(str(n) for n in
+                                                 raw.get("clientNamespaces") or ()))

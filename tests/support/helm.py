@@ -30,7 +30,13 @@ OPERATOR_PERMISSIONS = frozenset(
     + [("", "pods", verb) for verb in ("list", "watch", "create", "delete")]
     + [("", "services", verb) for verb in ("list", "create", "delete")]
     + [("apps", "deployments", verb) for verb in ("list", "create", "patch", "delete")]
-    + [("", "events", "create")])
+    + [("", "events", "create")]
+    + [("networking.k8s.io", "networkpolicies", verb)
+       for verb in ("list", "create", "patch", "delete")])
+
+# ... and in the release's namespace, for its leader election's Lease
+LEADER_ELECTION_PERMISSIONS = frozenset(
+    ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update"))
 
 
 def helm_binary() -> Path:

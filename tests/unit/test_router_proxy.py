@@ -3,6 +3,7 @@ where, what the client gets, retries before the first byte, disconnects, health.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -16,10 +17,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from shoal.api.auth import APIKeyMiddleware
 from shoal.ports import free_port
 from shoal.router import proxy
 from shoal.router.app import create_app
-from shoal.router.args import RouterArgs
+from shoal.router.args import RouterArgs, add_router_flags, router_args_from_namespace
 from shoal.router.proxy import bootstrap_fields, prompt_text
 from shoal.router.workers import service_urls
 from tests.support.wait import wait_until
@@ -36,6 +38,7 @@ class FakeWorker:
     reply: str = "ok"
     delay_s: float = 0.0
     healthy: bool = True
+    api_key: str | None = None  # the engine's own check (shoal.api.auth), as with SHOAL_API_KEY
     bodies: list[dict[str, Any]] = field(default_factory=list)
     cut_off: int = 0
     port: int = field(default_factory=free_port)
@@ -47,6 +50,8 @@ class FakeWorker:
 
     def app(self) -> FastAPI:
         app = FastAPI()
+        if self.api_key:
+            app.add_middleware(APIKeyMiddleware, api_key=self.api_key)
 
         @app.get("/health")
         async def health() -> Any:
@@ -173,6 +178,25 @@ def test_round_robin_over_colocated_workers_passes_bodies_through(
     assert streamed.headers["content-type"].startswith("text/event-stream")
     assert streamed.text.count("data: ") == 6 and streamed.text.endswith("data: [DONE]\n\n")
     assert a.bodies[0] == {"text": "hi"}  # untouched: no bootstrap fields for a colocated worker
+
+
+def test_a_key_from_the_environment_is_checked_and_sent_on_to_the_workers(
+        start_router: Any, workers: list[FakeWorker], monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = _spawn(workers, api_key="s3cret")
+    monkeypatch.setenv("SHOAL_API_KEY", "s3cret")
+    parser = argparse.ArgumentParser()
+    add_router_flags(parser)
+    args = router_args_from_namespace(parser.parse_args(["--worker", worker.url]))
+    assert args.api_key == "s3cret"
+    # healthy only once it read the worker's /server_info, which needs the key
+    router = start_router(workers=args.workers, api_key=args.api_key)
+    assert router.post("/generate", {"text": "hi"}).status_code == 401
+    wrong = router.post("/generate", {"text": "hi"}, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    assert not worker.bodies  # refused at the router
+    ok = router.post("/generate", {"text": "hi"}, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200 and worker.bodies == [{"text": "hi"}]
+    assert httpx.get(router.url + "/health", timeout=5).status_code == 200
 
 
 def test_a_pair_gets_one_body_with_the_bootstrap_fields_and_the_client_the_decodes_answer(

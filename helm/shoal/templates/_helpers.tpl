@@ -97,4 +97,7 @@ exactly the calls it makes (its Kubernetes API module and kopf's bookkeeping), n
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, create, patch, delete]
 {{- end }}

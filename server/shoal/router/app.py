@@ -1,6 +1,7 @@
 """The router's FastAPI app: the servers' generation routes, forwarded (`proxy.py`), and its own
-`/health`, `/server_info`, `/metrics`, `/flush_cache`. With `--api-key`, every route but
-`/health*` needs `Authorization: Bearer <key>` (forwarded to the workers as it came)."""
+`/health`, `/server_info`, `/metrics`, `/flush_cache`. With `--api-key` (or SHOAL_API_KEY),
+every route but `/health*` needs `Authorization: Bearer <key>` (forwarded to the workers as it
+came), and the router's own calls to the workers (`/server_info`) carry the same key."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from shoal.router.workers import WorkerPool
 
 
 def create_app(args: RouterArgs) -> FastAPI:
+    own = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     client = httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout, connect=10.0),
                                limits=httpx.Limits(max_connections=None,
-                                                   max_keepalive_connections=64))
+                                                   max_keepalive_connections=64),
+                               headers=own)
     pool = WorkerPool(args, client)
     metrics = RouterMetrics()
     proxy = Proxy(args, pool, client, metrics)

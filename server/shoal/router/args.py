@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
+API_KEY_ENV = "SHOAL_API_KEY"  # the key from the environment: out of `ps` and the pod's args
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 DEFAULT_ROUTER_PORT = 8000
 
@@ -88,8 +90,9 @@ def add_router_flags(parser: argparse.ArgumentParser) -> None:
                         help="cache_aware: ... ratio) beyond which the least loaded worker wins")
     parser.add_argument("--max-tree-size", type=int, default=defaults.max_tree_size,
                         help="cache_aware: prompt characters remembered per worker")
-    parser.add_argument("--api-key", default=None,
-                        help="require `Authorization: Bearer KEY` (forwarded to the workers)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                        help="require `Authorization: Bearer KEY` (forwarded to the workers, "
+                             f"and sent on the router's own calls to them; env: {API_KEY_ENV})")
     parser.add_argument("--log-level", default=defaults.log_level)
 
 

@@ -14,6 +14,7 @@ from shoal_operator import names
 
 from tests.support.helm import (
     CI_VALUES,
+    LEADER_ELECTION_PERMISSIONS,
     NAMESPACE,
     OPERATOR_PERMISSIONS,
     REPO,
@@ -29,7 +30,9 @@ CLIENT_VERBS = {"get": "get", "read": "get", "list": "list", "create": "create",
 CLIENT_RESOURCES = {"custom_object": (names.GROUP, names.PLURAL),
                     "custom_object_status": (names.GROUP, f"{names.PLURAL}/status"),
                     "pod": ("", "pods"), "service": ("", "services"), "event": ("", "events"),
-                    "deployment": ("apps", "deployments")}
+                    "deployment": ("apps", "deployments"),
+                    "network_policy": ("networking.k8s.io", "networkpolicies"),
+                    "lease": ("coordination.k8s.io", "leases")}
 # kopf handlers that keep state on their resource: a finalizer (and annotations) it patches
 STATEFUL_HANDLERS = {"daemon", "timer", "create", "update", "delete", "resume", "field"}
 OWNER_REFERENCES = (names.GROUP, f"{names.PLURAL}/finalizers", "update")
@@ -70,13 +73,28 @@ def _kopf_calls() -> set[tuple[str, str, str]]:
 
 
 def test_rules_are_exactly_what_the_operator_calls() -> None:
-    assert _client_calls() | _kopf_calls() | {OWNER_REFERENCES} == OPERATOR_PERMISSIONS
+    assert _client_calls() | _kopf_calls() | {OWNER_REFERENCES} == \
+        OPERATOR_PERMISSIONS | LEADER_ELECTION_PERMISSIONS
+
+
+def _leader_election_role(objects: list[dict]) -> None:
+    """The Lease's Role and RoleBinding: in the release's namespace, for the ServiceAccount."""
+    role, binding = [next(o for o in find(objects, kind)
+                          if o["metadata"]["name"] == "shoal-operator-leader-election")
+                     for kind in ("Role", "RoleBinding")]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+    assert rule_permissions(role["rules"]) == LEADER_ELECTION_PERMISSIONS
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "shoal-operator",
+                                    "namespace": NAMESPACE}]
 
 
 def test_default_install_is_one_cluster_role_bound_to_the_service_account() -> None:
     objects = render()
     assert sorted(o["kind"] for o in objects) == [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Role",
+        "RoleBinding", "ServiceAccount"]
+    _leader_election_role(objects)
     role, binding = only(objects, "ClusterRole"), only(objects, "ClusterRoleBinding")
     account = only(objects, "ServiceAccount")
     assert rule_permissions(role["rules"]) == OPERATOR_PERMISSIONS
@@ -92,7 +110,10 @@ def test_default_install_is_one_cluster_role_bound_to_the_service_account() -> N
 def test_watch_namespaces_gives_a_role_in_each_and_no_cluster_role() -> None:
     objects = render(set_values=["watchNamespaces={team-a,team-b}"])
     assert find(objects, "ClusterRole") == find(objects, "ClusterRoleBinding") == []
-    roles, bindings = find(objects, "Role"), find(objects, "RoleBinding")
+    _leader_election_role(objects)
+    roles, bindings = [[o for o in find(objects, kind)
+                        if not o["metadata"]["name"].endswith("-leader-election")]
+                       for kind in ("Role", "RoleBinding")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for role in roles:

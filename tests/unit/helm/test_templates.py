@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import shoal
-from tests.support.helm import CHART, CI_VALUES, RELEASE, only, render, run_helm
+from tests.support.helm import CHART, CI_VALUES, NAMESPACE, RELEASE, find, only, render, run_helm
 
 STANDARD_LABELS = {
     "app.kubernetes.io/name": "shoal",
@@ -43,7 +43,7 @@ def test_every_object_has_the_standard_labels(values: list[Path]) -> None:
 def test_rbac_and_service_account_can_be_left_to_the_user() -> None:
     objects = render(set_values=["rbac.create=false", "serviceAccount.create=false",
                                  "serviceAccount.name=platform-operator"])
-    assert [o["kind"] for o in objects] == ["Deployment"]
+    assert sorted(o["kind"] for o in objects) == ["Deployment", "PodDisruptionBudget"]
     assert only(objects, "Deployment")["spec"]["template"]["spec"][
         "serviceAccountName"] == "platform-operator"
     refused = run_helm("template", RELEASE, CHART, "--set", "serviceAccount.create=false",
@@ -71,11 +71,25 @@ def test_operator_runs_non_root_read_only_with_probes_on_its_health_endpoint() -
             "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
 
 
-def test_one_operator_at_a_time_watching_every_namespace_by_default() -> None:
-    spec = only(render(), "Deployment")["spec"]
-    assert not [a for a in _container(render())["args"] if a.startswith("--namespace")]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+def test_two_operators_elect_a_leader_watching_every_namespace_by_default() -> None:
+    objects = render()
+    spec = only(objects, "Deployment")["spec"]
+    args = _container(objects)["args"]
+    assert not [a for a in args if a.startswith("--namespace")]
+    assert spec["replicas"] == 2 and "strategy" not in spec  # a rolling update
+    assert {"--leader-election", f"--leader-election-namespace={NAMESPACE}",
+            "--leader-election-id=shoal-operator"} <= set(args)
+    budget = only(objects, "PodDisruptionBudget")["spec"]
+    assert budget == {"maxUnavailable": 1, "selector": spec["selector"]}
+    single = render(set_values=["operator.replicas=1"])
+    assert only(single, "Deployment")["spec"]["replicas"] == 1
+    assert not find(single, "PodDisruptionBudget")
+
+
+def test_host_paths_are_refused_unless_allowed() -> None:
+    assert "--allow-host-path" not in _container(render())["args"]
+    assert "--allow-host-path" in _container(render(set_values=["operator.allowHostPath=true"]))[
+        "args"]
 
 
 def test_image_defaults_to_the_app_version_and_a_new_tag_moves_the_operator_alone() -> None:

@@ -13,9 +13,11 @@ from typing import Any
 from shoal_operator import names
 from shoal_operator.actions import (
     Action,
+    ApplyNetworkPolicy,
     CreateDeployment,
     CreatePods,
     CreateService,
+    DeleteNetworkPolicy,
     DeletePods,
     DeleteRouter,
     EmitEvent,
@@ -34,6 +36,7 @@ class FakeApi:
         self.pods: dict[str, dict[str, Any]] = {}
         self.services: dict[str, dict[str, Any]] = {}
         self.deployments: dict[str, dict[str, Any]] = {}
+        self.network_policies: dict[str, dict[str, Any]] = {}
         self.events: dict[str, dict[str, Any]] = {}
         self.created: list[str] = []  # every pod creation, in order
         self._uids = itertools.count(1)
@@ -46,7 +49,8 @@ class FakeApi:
     def observed(self) -> Observed:
         return Observed.from_objects(copy.deepcopy(list(self.pods.values())),
                                      list(self.services.values()),
-                                     list(self.deployments.values()))
+                                     list(self.deployments.values()),
+                                     list(self.network_policies.values()))
 
     def plan(self, now: datetime) -> Plan:
         return plan(self.md(), self.observed(), now, CONFIG)
@@ -73,6 +77,11 @@ class FakeApi:
         elif isinstance(action, PatchDeployment):
             self.deployments[action.deployment["metadata"]["name"]] = copy.deepcopy(
                 action.deployment)
+        elif isinstance(action, ApplyNetworkPolicy):
+            self.network_policies[action.policy["metadata"]["name"]] = copy.deepcopy(
+                action.policy)
+        elif isinstance(action, DeleteNetworkPolicy):
+            self.network_policies.pop(action.name, None)
         elif isinstance(action, DeleteRouter):
             self.deployments.pop(action.name, None)
             self.services.pop(action.name, None)

@@ -122,3 +122,15 @@ def test_there_are_examples_for_both_shapes() -> None:
     shapes = {(doc["spec"]["engine"].get("nnodes", 1) > 1)
               for path in EXAMPLES for doc in yaml.safe_load_all(path.read_text())}
     assert shapes == {True, False}
+
+
+def test_auth_and_network_policy_are_declared_and_read(schema: dict[str, Any]) -> None:
+    spec = {"auth": {"apiKeySecretRef": {"name": "k", "key": "token"}},
+            "networkPolicy": {"enabled": True, "clientNamespaces": ["apps"]}}
+    jsonschema.validate({"spec": spec}, schema)
+    assert _undeclared(spec, schema["properties"]["spec"]) == []
+    parsed = parse_spec(spec, CONFIG.default_image)
+    assert (parsed.api_key_secret.name, parsed.api_key_secret.key) == ("k", "token")
+    assert parsed.network_policy.enabled and parsed.network_policy.client_namespaces == ("apps",)
+    with pytest.raises(jsonschema.ValidationError, match="'key' is a required property"):
+        jsonschema.validate({"spec": {"auth": {"apiKeySecretRef": {"name": "k"}}}}, schema)

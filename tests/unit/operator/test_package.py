@@ -32,7 +32,7 @@ def test_the_operator_never_imports_torch_or_the_engine() -> None:
 
 
 PURE = ("planner", "failures", "rollout", "conditions", "builders", "spec", "observed", "status",
-        "actions", "names", "config")
+        "actions", "names", "config", "refusals", "election")
 
 
 def _imports(path: Path) -> set[str]:
@@ -54,9 +54,10 @@ def test_only_kube_talks_to_the_api_and_only_the_handlers_know_kopf() -> None:
     def importers(prefix: str) -> set[str]:
         return {m for m, found in modules.items() if any(f.startswith(prefix) for f in found)}
 
-    assert importers("kubernetes") == {"kube", "handlers"}
+    assert importers("kubernetes") == {"kube", "handlers", "leadership"}  # its ApiException
     assert importers("kopf") == {"handlers", "__main__"}
-    io_modules = {f"shoal_operator.{m}" for m in ("kube", "reconcile", "handlers", "__main__")}
+    io_modules = {f"shoal_operator.{m}" for m in ("kube", "reconcile", "handlers", "__main__",
+                                                  "leadership")}
     for name in PURE:
         assert not modules[name] & io_modules, name
 
@@ -72,6 +73,17 @@ def test_flags_and_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert args.namespaces == ["a", "b"] and args.health_host == "127.0.0.9"
     assert args.default_image == "registry/shoal:1" and args.health_port == 0
     assert parse_args(["--namespace", "c"]).namespaces == ["c"]  # a flag wins
+
+
+def test_opt_in_flags_are_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = parse_args([])
+    assert not args.allow_host_path and not args.leader_election
+    monkeypatch.setenv("SHOAL_OPERATOR_ALLOW_HOST_PATH", "true")
+    monkeypatch.setenv("SHOAL_OPERATOR_LEADER_ELECTION", "true")
+    monkeypatch.setenv("SHOAL_OPERATOR_LEADER_ELECTION_NAMESPACE", "ops")
+    args = parse_args([])
+    assert args.allow_host_path and args.leader_election
+    assert (args.leader_election_namespace, args.leader_election_id) == ("ops", "shoal-operator")
 
 
 class _Stop:

@@ -57,6 +57,7 @@ class RunSpec:
     pod_ip: str
     ports: dict[str, int]
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> probe
+    read_only_root: bool = False  # securityContext.readOnlyRootFilesystem
 
 
 def should_restart(restart_policy: str, exit_code: int, is_init: bool) -> bool:
@@ -187,7 +188,7 @@ class ContainerRunner:
         sandbox_spec = {
             "hostname": spec.hostname, "argv": spec.argv, "env": spec.env, "cwd": spec.cwd,
             "dev_staging": str(self.directory / "dev"), "pid_file": str(pid_file),
-            "kubelet_pid": os.getpid(),
+            "kubelet_pid": os.getpid(), "read_only_root": spec.read_only_root,
             "start_error_file": str(start_error),
             "cgroup_procs": str(cgroup / "cgroup.procs") if cgroup is not None else None,
             "binds": [*spec.binds, {"source": str(message_file), "target": message_path}]}
@@ -216,8 +217,8 @@ class ContainerRunner:
         terminated: dict[str, Any] = {
             "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
             "startedAt": started_at, "finishedAt": rfc3339(), "containerID": self._container_id}
-        if start_error.exists():
-            terminated.update(reason="StartError", message=start_error.read_text())
+        if start_error.exists() and (error := start_error.read_text()):
+            terminated.update(reason="StartError", message=error)
         elif message := termination_message(
                 message_file, log, self.container.get("terminationMessagePolicy", "File"),
                 exit_code):

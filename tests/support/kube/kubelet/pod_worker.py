@@ -249,7 +249,9 @@ class PodWorker:
                    {"source": str(self.directory / "hostname"), "target": "/etc/hostname"},
                    *volume_binds(container, self._volumes)],
             ports={p["name"]: p["containerPort"] for p in container.get("ports") or []
-                   if p.get("name")})
+                   if p.get("name")},
+            read_only_root=bool((container.get("securityContext") or {}).get(
+                "readOnlyRootFilesystem")))
 
     def _lookup(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -4,8 +4,12 @@
 
 This process unshares a mount, UTS and PID namespace, sets the hostname, gives the container a
 /dev of its own (a tmpfs with the host's null, zero, random ... bound in, so a termination-log
-there never exists on the host), a fresh /run, and the bind mounts the spec lists (hosts file,
-volumes, termination-message file). Then it forks: the child is PID 1 of the new PID namespace,
+there never exists on the host), a fresh /run, enters the working directory, and binds what the
+spec lists (hosts file, volumes, termination-message file): every source is opened first and
+bound through its descriptor, so a volume mounted over /tmp hides no later source (nor this
+process's own pid and error files, opened before) that lives under the host's /tmp. Then the
+root filesystem is made read-only if the spec says so (`readOnlyRootFilesystem`: the volumes,
+/dev, /run and /proc stay writable). Then it forks: the child is PID 1 of the new PID namespace,
 mounts its /proc and execs the container's command. This process stays outside, as the
 container's supervisor:
 
@@ -71,6 +75,20 @@ def bind(source: str, target: str, read_only: bool = False) -> None:
         mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
+def open_sources(binds: list[dict]) -> list[int]:
+    """The bind sources as O_PATH descriptors: `/proc/self/fd/N` names each one after
+    anything has been mounted over its path."""
+    return [os.open(b["source"], os.O_PATH) for b in binds]
+
+
+def bind_all(binds: list[dict], sources: list[int], read_only_root: bool) -> None:
+    for b, fd in zip(binds, sources):
+        bind(f"/proc/self/fd/{fd}", b["target"], b.get("read_only", False))
+        os.close(fd)
+    if read_only_root:
+        mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
 def private_dev(staging: Path) -> None:
     """A tmpfs with the host's harmless devices, moved over /dev."""
     staging.mkdir(parents=True, exist_ok=True)
@@ -94,8 +112,8 @@ def set_up(spec: dict) -> None:
     socket.sethostname(spec["hostname"])
     private_dev(Path(spec["dev_staging"]))
     mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
-    for b in spec["binds"]:
-        bind(b["source"], b["target"], b.get("read_only", False))
+    os.chdir(spec["cwd"])  # before anything is mounted over it
+    bind_all(spec["binds"], open_sources(spec["binds"]), spec.get("read_only_root", False))
 
 
 def _parent_alive(parent_pipe: int) -> bool:
@@ -107,7 +125,7 @@ def _parent_alive(parent_pipe: int) -> bool:
         return True
 
 
-def run_container(spec: dict, parent_pipe: int) -> None:
+def run_container(spec: dict, parent_pipe: int, start_error: int) -> None:
     """In the child: PID 1 of the new namespace. Never returns."""
     try:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -115,10 +133,9 @@ def run_container(spec: dict, parent_pipe: int) -> None:
             os._exit(START_FAILED)
         os.close(parent_pipe)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        os.chdir(spec["cwd"])
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
     except OSError as e:
-        Path(spec["start_error_file"]).write_text(f"{spec['argv'][0]}: {e}")
+        os.write(start_error, f"{spec['argv'][0]}: {e}".encode())
     os._exit(START_FAILED)
 
 
@@ -139,18 +156,23 @@ def main() -> int:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the kubelet's container thread ended
     if os.getppid() != spec["kubelet_pid"]:
         return START_FAILED
+    created = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    start_error = os.open(spec["start_error_file"], created)
+    pid_file = os.open(spec["pid_file"], created)
     try:
         set_up(spec)
     except OSError as e:
-        Path(spec["start_error_file"]).write_text(f"setting up the container: {e}")
+        os.write(start_error, f"setting up the container: {e}".encode())
         return START_FAILED
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(write_end)
-        run_container(spec, read_end)
+        run_container(spec, read_end, start_error)
     os.close(read_end)
-    Path(spec["pid_file"]).write_text(f"{child}\n")
+    os.write(pid_file, f"{child}\n".encode())
+    for fd in (start_error, pid_file):
+        os.close(fd)
     return supervise(child)
 
 
