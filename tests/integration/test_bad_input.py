@@ -46,3 +46,50 @@ def test_bad_request_gets_openai_error(default_server: RunningServer, name: str,
         assert client.get("/health").status_code == 200
         ok = client.post(COMPLETIONS, json={"prompt": "Hello", "max_tokens": 2})
         assert ok.status_code == 200, ok.text
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# (name, route, body, the `param` of the 400): every constraint that does not compile
+BAD_CONSTRAINTS = [
+    ("schema-unknown-type", CHAT, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "foo"}}}}, "response_format.json_schema.schema"),
+    ("schema-dangling-ref", CHAT, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "#/$defs/Missing"}}}},
+     "response_format.json_schema.schema"),
+    ("schema-external-ref", CHAT, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "https://example.com/s.json"}}}},
+     "response_format.json_schema.schema"),
+    ("schema-min-above-max", CHAT, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}},
+     "response_format.json_schema.schema"),
+    ("schema-properties-not-an-object", CHAT, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "items": {"type": "array", "items": {
+            "properties": 3}}}}}}, "response_format.json_schema.schema"),
+    ("tool-parameters-bad", CHAT, {"tools": [{**TOOL, "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}],
+        "tool_choice": "required"}, "tools.0.function.parameters"),
+    ("tool-parameters-enum-empty", CHAT, {"tools": [{**TOOL, "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"enum": []}}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tools.0.function.parameters"),
+    ("regex-unbalanced", CHAT, {"regex": "(ab"}, "regex"),
+    ("regex-bad-range", COMPLETIONS, {"prompt": "hi", "regex": "[z-a]"}, "regex"),
+    ("regex-lookbehind", COMPLETIONS, {"prompt": "hi", "regex": "(?<=a)b"}, "regex"),
+    ("ebnf-no-root", CHAT, {"ebnf": 'start ::= "a"'}, "ebnf"),
+    ("ebnf-undefined-rule", COMPLETIONS, {"prompt": "hi", "ebnf": "root ::= foo"}, "ebnf"),
+    ("native-schema-not-json", "/generate", {"text": "hi", "sampling_params": {
+        "json_schema": "{not json"}}, "sampling_params.json_schema"),
+    ("native-regex", "/generate", {"text": "hi", "sampling_params": {"regex": "a**"}},
+     "sampling_params.regex"),
+]
+
+
+@pytest.mark.parametrize("name,path,body,param", BAD_CONSTRAINTS,
+                         ids=[b[0] for b in BAD_CONSTRAINTS])
+def test_a_constraint_that_does_not_compile_is_a_400_naming_it(
+        default_server: RunningServer, name: str, path: str, body: dict, param: str) -> None:
+    if path != "/generate":
+        body = {"max_tokens": 4, **({"messages": HELLO} if path == CHAT else {}), **body}
+    r = httpx.post(f"{default_server.base_url}{path}", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text

@@ -6,7 +6,8 @@
   `ignore_eos` is set: then words repeat until `max_new_tokens` (finish `length`);
 - a stop string equal to one of the words ends the reply before that word (finish `stop`);
 - a stop token id equal to a word's id ends the reply on that token (its text is not sent);
-- `seed == ABORT_SEED` makes the engine abort the request after its first token.
+- `seed == ABORT_SEED` makes the engine abort the request after its first token;
+  `seed == REFUSE_SEED` makes it refuse the request before any (a `refused` abort).
 `cached_tokens` is `prompt_tokens // 2`. Every message received is kept in `received`.
 With `logprob` asked, output token k (from 0) has logprob `fake_logprob(k)` and top alternatives
 (id 100 + j, `fake_logprob(j)`) for j < top_logprobs_num; prompt token i scored has logprob
@@ -44,6 +45,7 @@ WORD_IDS = [100 + i for i in range(len(WORDS))]
 EOS_ID = 2
 EOS_AFTER = len(WORDS)
 ABORT_SEED = 666
+REFUSE_SEED = 667
 
 
 def fake_logprob(k: int) -> float:
@@ -86,6 +88,10 @@ def script(req: GenerateReq) -> list[ReqStrOut]:
             return chunks
         if word_id in sampling.stop_token_ids:
             chunks.append(out("", [word_id], FinishReason(kind="stop", matched_token=word_id)))
+            return chunks
+        if sampling.seed == REFUSE_SEED:
+            chunks.append(out("", [], FinishReason(kind="abort", message="the regex is odd",
+                                                   refused=True)))
             return chunks
         if sampling.seed == ABORT_SEED and step == 1:
             chunks.append(out("", [], FinishReason(kind="abort", message="scheduler said no")))

@@ -22,7 +22,14 @@ from shoal.ipc import sockets
 from shoal.ipc.messages import AbortReq, BatchStrOut, ReqStrOut
 from shoal.lifecycle import StartupFailed
 from tests.support.fake_api import CONTEXT, MODEL, fake_api, start_fake_api
-from tests.support.fake_engine import ABORT_SEED, EOS_ID, WORD_IDS, WORDS, fake_logprob
+from tests.support.fake_engine import (
+    ABORT_SEED,
+    EOS_ID,
+    REFUSE_SEED,
+    WORD_IDS,
+    WORDS,
+    fake_logprob,
+)
 from tests.support.wait import wait_until
 
 API_KEY = "sk-test-123"
@@ -325,9 +332,32 @@ def test_completion_logprobs_with_echo(client, tokenizer):
     assert lp.tokens == token_texts(tokenizer, ids) + words
     assert lp.token_logprobs == [None] + [-i / 10 for i in range(1, len(ids))] + [
         fake_logprob(0), fake_logprob(1)]
-    assert lp.top_logprobs[0] is None and lp.top_logprobs[-1] == {words[0]: fake_logprob(0)}
+    # each entry: the top alternative, and the token itself (as OpenAI's and vLLM's do)
+    assert lp.top_logprobs[0] is None and lp.top_logprobs[-1] == {words[0]: fake_logprob(0),
+                                                                  words[1]: fake_logprob(1)}
     assert lp.text_offset[0] == 0 and lp.text_offset[len(ids)] == len(echo)
     assert lp.text_offset[-1] == len(echo) + len(words[0])
+
+
+def test_completion_logprobs_zero_holds_each_sampled_token(client, tokenizer):
+    words = token_texts(tokenizer, WORD_IDS[:3])
+    resp = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, logprobs=0)
+    lp = resp.choices[0].logprobs
+    assert lp.top_logprobs == [{w: fake_logprob(k)} for k, w in enumerate(words)]
+    chunks = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, logprobs=0,
+                                            stream=True))
+    streamed = [top for c in chunks if c.choices[0].logprobs
+                for top in c.choices[0].logprobs.top_logprobs]
+    assert streamed == lp.top_logprobs
+
+
+def test_chat_top_logprobs_zero_scores_each_token_alone(client, tokenizer):
+    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3,
+                                          logprobs=True, top_logprobs=0)
+    content = resp.choices[0].logprobs.content
+    assert [(t.token, t.logprob) for t in content] == [
+        (w, fake_logprob(k)) for k, w in enumerate(token_texts(tokenizer, WORD_IDS[:3]))]
+    assert all(t.top_logprobs == [] for t in content)
 
 
 def test_completion_logprobs_stream_with_echo(client, tokenizer):
@@ -549,6 +579,15 @@ def test_engine_abort_is_a_500(url):
     with httpx.stream("POST", f"{url}{CHAT}", json={**body, "stream": True}, timeout=10) as resp:
         events = sse_events(resp)
     assert events[-1] == "[DONE]" and "scheduler said no" in events[-2]["error"]["message"]
+
+
+def test_a_request_the_engine_refuses_is_a_400(url):
+    body = {"messages": MESSAGES, "seed": REFUSE_SEED}
+    error = assert_openai_error(httpx.post(f"{url}{CHAT}", json=body, timeout=10), 400)
+    assert "the regex is odd" in error["message"]
+    with httpx.stream("POST", f"{url}{CHAT}", json={**body, "stream": True}, timeout=10) as resp:
+        events = sse_events(resp)
+    assert events[-1] == "[DONE]" and "the regex is odd" in events[-2]["error"]["message"]
 
 
 # ---- disconnects ---------------------------------------------------------------------------------

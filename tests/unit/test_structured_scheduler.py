@@ -112,7 +112,7 @@ def test_a_constraint_that_does_not_compile_aborts(params: dict, problem: str) -
     io.inbox.append(request("bad", [3], **params))
     scheduler.step()
     finish = io.finish("bad")
-    assert finish.kind == "abort" and problem in finish.message
+    assert finish.kind == "abort" and finish.refused and problem in finish.message
     assert not scheduler.has_work
 
 
@@ -120,7 +120,8 @@ def test_without_grammars_a_constrained_request_is_refused() -> None:
     scheduler, io, _ = make_scheduler()
     io.inbox.append(request("c", [3], regex="a+"))
     scheduler.step()
-    assert io.finish("c").kind == "abort" and "not served" in io.finish("c").message
+    finish = io.finish("c")
+    assert finish.kind == "abort" and finish.refused and "not served" in finish.message
 
 
 class MaskedRow:

@@ -18,8 +18,12 @@ from typing import TypeVar
 
 import msgspec
 
-from shoal.api.errors import APIError
-from shoal.api.tokenizer_manager import GenerateResult, IsDisconnected, TokenizerManager
+from shoal.api.tokenizer_manager import (
+    GenerateResult,
+    IsDisconnected,
+    TokenizerManager,
+    abort_error,
+)
 from shoal.ipc.messages import (
     SEED_BOUND,
     BootstrapInfo,
@@ -106,7 +110,7 @@ async def checked_outputs(outputs: AsyncIterator[ReqStrOut]) -> AsyncIterator[Re
     async with aclosing(outputs) as stream:
         async for out in stream:
             if out.finish is not None and out.finish.kind == "abort":
-                raise APIError(500, out.finish.message or "The request was aborted.", "aborted")
+                raise abort_error(out.finish)
             yield out
 
 

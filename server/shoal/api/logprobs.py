@@ -44,18 +44,22 @@ def chat_logprobs(tm: TokenizerManager, ids: list[int], lp: TokenLogprobs) -> Ch
 def completion_logprobs(tm: TokenizerManager, ids: list[int], lp: TokenLogprobs,
                         text_offset: int = 0, unscored_first: bool = False) -> CompletionLogprobs:
     """Legacy completions `logprobs` of `ids`, the first of which starts at `text_offset` in the
-    choice's text. With `unscored_first` (an echoed prompt's first token), `lp` scores ids[1:]."""
+    choice's text. With `unscored_first` (an echoed prompt's first token), `lp` scores ids[1:].
+    Each `top_logprobs` entry holds the token itself besides its alternatives (as OpenAI's and
+    vLLM's do), so `logprobs: 0` gives the one token."""
     texts = tm.token_texts(ids)
     offsets = []
     for text in texts:
         offsets.append(text_offset)
         text_offset += len(text)
+    top_texts = _top_texts(tm, lp) if lp.top_ids else [[] for _ in lp.logprobs]
+    top_values = lp.top_logprobs if lp.top_ids else [[] for _ in lp.logprobs]
     tops: list[dict[str, float] | None] = []
-    if lp.top_ids:
-        tops = [{t: _finite(v) for t, v in zip(top_text, values)}
-                for top_text, values in zip(_top_texts(tm, lp), lp.top_logprobs)]
-    else:
-        tops = [{} for _ in lp.logprobs]
+    for text, value, top_text, top_value in zip(texts[1:] if unscored_first else texts,
+                                                 lp.logprobs, top_texts, top_values):
+        entry = {t: _finite(v) for t, v in zip(top_text, top_value)}
+        entry.setdefault(text, _finite(value))
+        tops.append(entry)
     lead: list[Any] = [None] if unscored_first else []
     return CompletionLogprobs(text_offset=offsets, tokens=texts,
                               token_logprobs=lead + [_finite(v) for v in lp.logprobs],

@@ -392,6 +392,17 @@ class ChatCompletionRequest(_OpenAISampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
 
+    @field_validator("tools")
+    @classmethod
+    def _calls_compile(cls, value: list[Tool] | None) -> list[Tool] | None:
+        """The schema of calls to any of the tools compiles (each one's `parameters` is checked
+        on its own first); the one a request constrains to is that or a part of it."""
+        if value:
+            check_json_schema(call_schema(
+                [t.function.model_dump(exclude_none=True, exclude={"strict"}) for t in value],
+                parallel=True))
+        return value
+
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:

@@ -119,6 +119,15 @@ def unicode_text(text: str, param: str) -> str:
     return text
 
 
+def abort_error(finish: FinishReason) -> APIError:
+    """What the client is told of an aborted request: a 400 when the scheduler refused it as
+    given, else a 500."""
+    message = finish.message or "The request was aborted."
+    if finish.refused:
+        return bad_request(f"The request cannot be served: {message}.")
+    return APIError(500, message, "aborted")
+
+
 def fit_max_new_tokens(prompt_len: int, requested: int | None, default: int | None,
                        context_length: int | None) -> int:
     """How many new tokens a request may generate, or a 400 when it cannot fit the context.
@@ -357,7 +366,7 @@ class TokenizerManager:
                             rid: str | None = None, logprob: LogprobParams | None = None,
                             is_disconnected: IsDisconnected | None = None,
                             bootstrap: BootstrapInfo | None = None) -> GenerateResult:
-        """Run a request to the end; an aborted request raises a 500 `APIError`."""
+        """Run a request to the end; an aborted request raises its `abort_error`."""
         start = time.monotonic()
         so_far = Accumulated.expecting(logprobs=logprob is not None)
         last: ReqStrOut | None = None
@@ -367,7 +376,7 @@ class TokenizerManager:
         if last is None or last.finish is None:
             raise APIError(499, "Client closed the request.", "client_disconnected")
         if last.finish.kind == "abort":
-            raise APIError(500, last.finish.message or "The request was aborted.", "aborted")
+            raise abort_error(last.finish)
         return GenerateResult(rid=last.rid, text=so_far.text, output_ids=so_far.output_ids,
                               finish=last.finish, prompt_tokens=last.prompt_tokens,
                               completion_tokens=last.completion_tokens,

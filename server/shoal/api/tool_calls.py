@@ -16,6 +16,8 @@ import re
 import uuid
 from typing import Any
 
+from shoal.api.constraints import DATA_KEYWORDS
+
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -41,16 +43,53 @@ def with_fallback_prompt(messages: list[dict[str, Any]],
 
 def call_schema(functions: list[dict[str, Any]], parallel: bool) -> str:
     """The JSON schema of the calls the output may make: one or more (one unless `parallel`)
-    calls of the given functions, each with arguments valid against its `parameters`."""
+    calls of the given functions, each with arguments valid against its `parameters`.
+
+    Each function's `parameters` moves under the root's `$defs` (`_arguments_def`), with its
+    local references rebased there, so that its `$defs`/`definitions`, `$ref`s and recursion keep
+    their meaning inside the calls' schema."""
+    defs = {_arguments_def(i): _rebased(f.get("parameters") or {"type": "object"},
+                                        f"#/$defs/{_arguments_def(i)}")
+            for i, f in enumerate(functions)}
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
               "properties": {"name": {"enum": [f["name"]]},
-                             "arguments": f.get("parameters") or {"type": "object"}}}
-             for f in functions]
+                             "arguments": {"$ref": f"#/$defs/{_arguments_def(i)}"}}}
+             for i, f in enumerate(functions)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+                              "$defs": defs}
     if not parallel:
         schema["maxItems"] = 1
     return json.dumps(schema)
+
+
+def _arguments_def(index: int) -> str:
+    return f"shoal_tool_{index}_arguments"
+
+
+# keywords whose values map names (of properties, definitions) to schemas
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                            "dependentSchemas"})
+
+
+def _rebased(schema: Any, root: str) -> Any:
+    """A copy of `schema` whose local references (`#`, `#/...`) point at the same places once the
+    schema itself sits at JSON pointer `root`."""
+    if isinstance(schema, list):
+        return [_rebased(item, root) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = root + value[1:]
+        elif key in DATA_KEYWORDS:
+            out[key] = value
+        elif key in _NAMED_SCHEMAS and isinstance(value, dict):
+            out[key] = {name: _rebased(sub, root) for name, sub in value.items()}
+        else:
+            out[key] = _rebased(value, root)
+    return out
 
 
 def new_call_id() -> str:

@@ -86,7 +86,9 @@ class TokenLogprobs(msgspec.Struct, array_like=True, kw_only=True):
 
 
 class FinishReason(msgspec.Struct, array_like=True, kw_only=True):
-    """Why a request ended: `stop` (EOS, stop token or stop string), `length` or `abort`."""
+    """Why a request ended: `stop` (EOS, stop token or stop string), `length` or `abort`.
+    `refused`: the scheduler would not run the request as given (an `abort` that is the request's
+    fault, which the api answers with a 400, not a 500)."""
 
     kind: Literal["stop", "length", "abort"]
     matched_token: int | None = None
@@ -95,6 +97,7 @@ class FinishReason(msgspec.Struct, array_like=True, kw_only=True):
     # occurrences of matched_str in the output before the one that stopped it (min_new_tokens
     # lets a stop string through early); the text is cut at the next one
     num_earlier_matches: int = 0
+    refused: bool = False
 
 
 class BootstrapInfo(msgspec.Struct, array_like=True, kw_only=True):

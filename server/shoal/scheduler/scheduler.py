@@ -287,7 +287,7 @@ class Scheduler:
         req = Req.from_message(message, self.stop_checker.eos_token_ids)
         problem = self._validate(req) or self._attach_grammar(req)
         if problem:
-            req.finish = FinishReason(kind="abort", message=problem)
+            req.finish = FinishReason(kind="abort", message=problem, refused=True)
             self.io.send_outputs([self._output(req)])
             return
         if not self.role.accept(req, message.bootstrap):
