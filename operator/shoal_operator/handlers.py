@@ -93,8 +93,9 @@ async def stop_leading(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.daemon(names.GROUP, names.VERSION, names.PLURAL, cancellation_timeout=10.0,
              backoff=RETRY_S)
-async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
+async def keep_model_deployment(namespace: str | None, name: str, memo: kopf.Memo,
                                 stopped: kopf.DaemonStopped, **_: Any) -> None:
+    assert namespace is not None  # a namespaced resource
     try:
         while not stopped:
             if memo.leadership is not None and not memo.leadership.leading:
@@ -116,13 +117,15 @@ async def keep_model_deployment(namespace: str, name: str, memo: kopf.Memo,
 
 
 @kopf.on.event("", "v1", "pods", labels={names.MANAGED_BY: names.OPERATOR})
-async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+async def pod_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo,
+                      **_: Any) -> None:
     owner = labels.get(names.INSTANCE)
-    if owner:
+    if owner and namespace:
         memo.wakeups.poke(namespace, owner)
 
 
 @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL)
-async def model_deployment_changed(namespace: str, name: str, memo: kopf.Memo,
+async def model_deployment_changed(namespace: str | None, name: str, memo: kopf.Memo,
                                    **_: Any) -> None:
-    memo.wakeups.poke(namespace, name)
+    if namespace:
+        memo.wakeups.poke(namespace, name)

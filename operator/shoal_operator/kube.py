@@ -41,14 +41,21 @@ NOT_FOUND, CONFLICT = 404, 409
 def load_api_client() -> ApiClient:
     """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config (as kopf does)."""
     try:
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
     return ApiClient()
 
 
-def _json(response: Any) -> Any:
-    return json.loads(response.data)
+def _json(response: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(response.data)
+    return data
+
+
+def _body(obj: dict[str, Any]) -> Any:
+    """A plain dict as a request body: the client serializes it as it is (its signatures name
+    the model classes)."""
+    return obj
 
 
 class Kube:
@@ -102,10 +109,10 @@ class Kube:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
                 "spec": spec}
         if resource_version is None:
-            self.coordination.create_namespaced_lease(namespace, body)
+            self.coordination.create_namespaced_lease(namespace, _body(body))
         else:
             metadata["resourceVersion"] = resource_version
-            self.coordination.replace_namespaced_lease(name, namespace, body)
+            self.coordination.replace_namespaced_lease(name, namespace, _body(body))
 
     def apply(self, md_body: dict[str, Any], action: Action) -> None:
         """Carry out one action. Creating what exists and deleting what is gone are no-ops; a
@@ -116,12 +123,12 @@ class Kube:
                 names.GROUP, names.VERSION, namespace, names.PLURAL,
                 md_body["metadata"]["name"], {**md_body, "status": action.status})
         elif isinstance(action, EmitEvent):
-            _create(lambda: self.core.create_namespaced_event(namespace, action.event))
+            _create(lambda: self.core.create_namespaced_event(namespace, _body(action.event)))
         elif isinstance(action, CreateService):
-            _create(lambda: self.core.create_namespaced_service(namespace, action.service))
+            _create(lambda: self.core.create_namespaced_service(namespace, _body(action.service)))
         elif isinstance(action, CreateDeployment):
-            _create(lambda: self.apps.create_namespaced_deployment(namespace,
-                                                                   action.deployment))
+            _create(lambda: self.apps.create_namespaced_deployment(
+                namespace, _body(action.deployment)))
         elif isinstance(action, PatchDeployment):
             self.apps.patch_namespaced_deployment(  # lists are replaced whole
                 action.deployment["metadata"]["name"], namespace, action.deployment,
@@ -136,7 +143,7 @@ class Kube:
                     _content_type="application/merge-patch+json")
             else:
                 _create(lambda: self.networking.create_namespaced_network_policy(
-                    namespace, action.policy))
+                    namespace, _body(action.policy)))
         elif isinstance(action, DeleteNetworkPolicy):
             _delete(lambda: self.networking.delete_namespaced_network_policy(action.name,
                                                                             namespace))
@@ -149,7 +156,7 @@ class Kube:
                 try:
                     self.core.delete_namespaced_pod(
                         ref.name, namespace, grace_period_seconds=action.grace_seconds,
-                        body={"preconditions": {"uid": ref.uid}})
+                        body=_body({"preconditions": {"uid": ref.uid}}))
                 except ApiException as exc:
                     if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or a newer pod
                         raise

@@ -19,6 +19,7 @@ class Leadership:
     def __init__(self, kube: Kube, namespace: str, name: str, identity: str) -> None:
         self.kube, self.namespace, self.name, self.identity = kube, namespace, name, identity
         self._valid_until = float("-inf")  # time.monotonic() up to which this replica leads
+        self._led = False  # whether it led at the last try (to say when that lapsed)
         self._seen: LeaseRecord | None = None
         self._seen_since = datetime.now(UTC)
 
@@ -31,6 +32,10 @@ class Leadership:
         """Read the Lease; renew it, take it over, or stand by (errors propagate; leadership
         then lapses at its deadline)."""
         started, now = time.monotonic(), datetime.now(UTC)
+        if self._led and not self.leading:
+            logger.warning("lease %s/%s not renewed for %ds: stopped leading", self.namespace,
+                           self.name, RENEW_DEADLINE_S)
+        self._led = self.leading
         body = self.kube.read_lease(self.namespace, self.name)
         current = LeaseRecord.from_spec(body.get("spec") or {}) if body else None
         if current != self._seen:
@@ -40,7 +45,7 @@ class Leadership:
             if self.leading:
                 logger.warning("lease %s/%s is held by %s: standing by", self.namespace,
                                self.name, current and current.holder)
-            self._valid_until = float("-inf")
+            self._valid_until, self._led = float("-inf"), False
             return
         version = body["metadata"]["resourceVersion"] if body else None
         try:
@@ -53,6 +58,7 @@ class Leadership:
             logger.info("leading as %s (lease %s/%s, transition %d)", self.identity,
                         self.namespace, self.name, record.transitions)
         self._valid_until = started + RENEW_DEADLINE_S
+        self._led = True
         self._seen, self._seen_since = record, now
 
     def release(self) -> None:

@@ -23,7 +23,7 @@ class Backoff:
 
     def delay_s(self, restart: int) -> int:
         """Seconds before the `restart`-th recreation (1-based): initial, doubling, capped."""
-        return min(self.max_s, self.initial_s * 2 ** max(0, restart - 1))
+        return min(self.max_s, self.initial_s * (1 << max(0, restart - 1)))
 
 
 @dataclass(frozen=True)

@@ -293,6 +293,37 @@ def test_pods_resolve_their_hostname_and_a_siblings_dns_name(
         "group": sorted([leader_ip, worker_ip])}}
 
 
+def test_a_read_only_root_with_an_empty_dir_at_tmp(kube: DynamicClient, namespace: str,
+                                                  kubelet: KubeletHandle) -> None:
+    """readOnlyRootFilesystem: writes outside the volumes fail; an emptyDir mounted over /tmp
+    is private to the pod and hides none of the pod's other mounts, whose sources live under
+    the host's /tmp here."""
+    create(kube, namespace, {"kind": "ConfigMap", "metadata": {"name": "conf"},
+                             "data": {"greeting": "hello"}})
+    create(kube, namespace, python_pod("locked", """\
+        import errno, os
+        try:
+            open("/root-file", "w")
+        except OSError as e:
+            assert e.errno == errno.EROFS, e
+        else:
+            raise SystemExit("the root filesystem is writable")
+        open("/tmp/scratch", "w").write("mine")
+        assert os.listdir("/tmp") == ["scratch"], os.listdir("/tmp")
+        assert open("/conf/greeting").read() == "hello"
+        open("/dev/termination-log", "w").write("ok")
+        """, restartPolicy="Never",
+        volumes=[{"name": "tmp", "emptyDir": {}},
+                 {"name": "conf", "configMap": {"name": "conf"}}],
+        container={"securityContext": {"readOnlyRootFilesystem": True},
+                   "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                                    {"name": "conf", "mountPath": "/conf"}]}))
+    locked = wait_finished(kube, namespace, "locked")
+    assert (terminated(locked)["exitCode"], terminated(locked).get("message")) == (0, "ok"), \
+        kubelet.pod_log(namespace, "locked")
+    assert not Path("/tmp/scratch").exists() and not Path("/root-file").exists()
+
+
 def test_exit_code_and_termination_message_land_in_the_container_status(
         kube: DynamicClient, namespace: str) -> None:
     create(kube, namespace, python_pod("fails", """\
