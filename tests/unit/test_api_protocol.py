@@ -57,6 +57,29 @@ def test_chat_request_to_sampling():
     assert sampling.is_greedy
 
 
+def test_chat_template_options():
+    assert ChatCompletionRequest.model_validate({"messages": USER}).template_options == {
+        "add_generation_prompt": True, "continue_final_message": False}
+    continued = [*USER, {"role": "assistant", "content": "Once upon"}]
+    req = ChatCompletionRequest.model_validate({
+        "messages": continued, "continue_final_message": True,
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert req.template_options == {"enable_thinking": False, "add_generation_prompt": False,
+                                    "continue_final_message": True}
+    with pytest.raises(ValidationError, match="cannot go with"):
+        ChatCompletionRequest.model_validate({"messages": continued, "add_generation_prompt": True,
+                                              "continue_final_message": True})
+
+
+def test_temperature_range_is_openai_s_on_openai_routes_only():
+    chat = ChatCompletionRequest.model_validate({"messages": USER, "temperature": 2})
+    assert chat.temperature == 2
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"prompt": "x", "temperature": 5})
+    assert GenerateRequest.model_validate(
+        {"text": "x", "sampling_params": {"temperature": 5}}).sampling_params.temperature == 5
+
+
 def test_defaults_are_openai_defaults():
     sampling = ChatCompletionRequest.model_validate({"messages": USER}).to_sampling(4)
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (1, 1, -1, 0)
@@ -65,7 +88,8 @@ def test_defaults_are_openai_defaults():
 
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", "5"), ("max_tokens", 2.5),
-    ("temperature", -0.1), ("top_p", 0), ("top_p", 1.01), ("top_k", -2), ("min_p", 2),
+    ("temperature", -0.1), ("temperature", 2.01), ("top_p", 0), ("top_p", 1.01), ("top_k", -2),
+    ("min_p", 2),
     ("n", 0), ("n", 9), ("stop", ["a", "b", "c", "d", "e"]), ("stop", [""]), ("stop", 3),
     ("seed", 2**63), ("stream", "yes"), ("logprobs", "yes"), ("top_logprobs", 21),
     ("top_logprobs", 3),  # without logprobs: true
@@ -73,6 +97,9 @@ def test_defaults_are_openai_defaults():
     ("repetition_penalty", 2.5), ("min_tokens", -1), ("logit_bias", {"x": 1}),
     ("logit_bias", {"5": 101}), ("logit_bias", {"-5": 1}), ("logit_bias", [5]),
     ("messages", []), ("messages", [{"role": "wizard", "content": "x"}]),
+    ("continue_final_message", True),  # the last message is the user's
+    ("chat_template_kwargs", {"add_generation_prompt": False}),
+    ("chat_template_kwargs", {"tools": []}),
 ])
 def test_chat_request_rejects(field, value):
     with pytest.raises(ValidationError):

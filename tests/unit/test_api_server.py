@@ -581,6 +581,46 @@ def test_engine_abort_is_a_500(url):
     assert events[-1] == "[DONE]" and "scheduler said no" in events[-2]["error"]["message"]
 
 
+def test_chat_template_options_shape_the_prompt(client, engine, tokenizer):
+    continued = [*MESSAGES, {"role": "assistant", "content": "Hello there, my"}]
+    cases = [({"continue_final_message": True}, continued,
+              {"continue_final_message": True, "add_generation_prompt": False}),
+             ({"add_generation_prompt": False}, MESSAGES, {"add_generation_prompt": False}),
+             ({}, MESSAGES, {"add_generation_prompt": True})]
+    for extra, messages, template in cases:
+        resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                              extra_body=extra)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **template)
+        sent = engine.generate_reqs()[resp.id.removeprefix("chatcmpl-")].input_ids
+        assert sent == tokenizer.encode(text, add_special_tokens=False), extra
+    assert tokenizer.decode(engine.generate_reqs()[resp.id.removeprefix("chatcmpl-")]
+                            .input_ids).endswith("assistant\n")
+    continued_text = tokenizer.apply_chat_template(continued, tokenize=False,
+                                                   continue_final_message=True)
+    assert continued_text.endswith("Hello there, my")
+
+
+def test_chat_template_option_errors_name_their_field(url):
+    for body, param in (({"continue_final_message": True}, None),
+                        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+                        ({"temperature": 2.5}, "temperature")):
+        error = assert_openai_error(httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, **body},
+                                               timeout=10), 400)
+        assert error["param"] == param, error
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_continuous_usage_stats_count_each_chunk(client, route):
+    kwargs = {"model": MODEL, "max_tokens": 4, "stream": True,
+              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = list(client.chat.completions.create(messages=MESSAGES, **kwargs) if route == "chat"
+                  else client.completions.create(prompt="Hi", **kwargs))
+    counted = [c.usage.completion_tokens for c in chunks if c.choices and c.usage is not None]
+    assert counted == [1, 2, 3, 4]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert {c.usage.prompt_tokens for c in chunks if c.usage} == {chunks[-1].usage.prompt_tokens}
+
+
 def test_a_request_the_engine_refuses_is_a_400(url):
     body = {"messages": MESSAGES, "seed": REFUSE_SEED}
     error = assert_openai_error(httpx.post(f"{url}{CHAT}", json=body, timeout=10), 400)

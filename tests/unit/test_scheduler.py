@@ -112,6 +112,14 @@ def test_stop_string() -> None:
     assert io.finish("s").matched_str == "fg"
 
 
+def test_stop_strings_completed_by_one_token_match_the_one_that_starts_first() -> None:
+    scheduler, io, _ = make_scheduler()
+    # token 6 ("g") completes both "fg" and "efg": the output ends before "efg"
+    io.inbox.append(request("s", [3], max_new=10, stop=["fg", "efg"]))
+    run_until_idle(scheduler)
+    assert io.finish("s").matched_str == "efg"
+
+
 def test_context_length_limits_generation() -> None:
     scheduler, io, _ = make_scheduler(context=16)
     io.inbox.append(request("a", list(range(1, 11)), max_new=100))

@@ -2,7 +2,8 @@
 
 Streams follow OpenAI: the first chat delta of each choice carries `role: "assistant"`, each
 choice gets exactly one chunk with a non-null `finish_reason`, every chunk names its choice by
-`index`, `stream_options.include_usage` adds a last chunk with `usage` and no choices, and
+`index`, `stream_options.include_usage` adds a last chunk with `usage` and no choices (vLLM's
+`continuous_usage_stats` puts the usage so far on every chunk of output too), and
 `data: [DONE]` ends the stream. With `n` choices, usage counts each prompt once and the
 completion tokens of all choices. A batch of prompts (`/v1/completions`) gives choice
 `prompt index * n + sample`; closing the stream, or the client going away, aborts every choice.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import Request
@@ -53,13 +54,15 @@ def matched_stop(finish: FinishReason | None) -> int | str | None:
     return finish.matched_str if finish.matched_str is not None else finish.matched_token
 
 
-def usage_of(outs: Sequence[ReqStrOut | GenerateResult], n: int) -> Usage:
-    """The last output of each choice, in choice order (n per prompt): each prompt counts once,
-    completions add up."""
-    firsts = outs[::n]
-    return Usage.of(sum(out.prompt_tokens for out in firsts),
-                    sum(out.completion_tokens for out in outs),
-                    sum(out.cached_tokens for out in firsts))
+def usage_of(outs: Mapping[int, ReqStrOut | GenerateResult], n: int) -> Usage:
+    """The usage so far, from the latest output of each choice (choice i is a sample of prompt
+    i // n): each prompt counts once, completions add up."""
+    firsts: dict[int, ReqStrOut | GenerateResult] = {}
+    for i in sorted(outs):
+        firsts.setdefault(i // n, outs[i])
+    return Usage.of(sum(out.prompt_tokens for out in firsts.values()),
+                    sum(out.completion_tokens for out in outs.values()),
+                    sum(out.cached_tokens for out in firsts.values()))
 
 
 def chat_messages(messages: list[ChatMessage], renders_tools: bool) -> list[dict[str, Any]]:
@@ -127,7 +130,8 @@ class OpenAIServing:
         functions = req.callable_functions()
         turns = [assistant_turn(r.text, r.finish, functions) for r in results]
         return ChatCompletionResponse(
-            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results, req.n),
+            id=cid, created=created, model=self.tm.model_name,
+            usage=usage_of(dict(enumerate(results)), req.n),
             choices=[ChatChoice(index=i, message=AssistantMessage(content=content,
                                                                   tool_calls=calls or None),
                                 logprobs=self._chat_logprobs(result.output_ids, result),
@@ -138,13 +142,13 @@ class OpenAIServing:
         """The prompt's ids: the messages, and the functions the model may call (through the
         template, or `tool_calls.with_fallback_prompt`)."""
         functions, renders_tools = req.callable_functions(), self.tm.template_renders_tools
-        messages = chat_messages(req.messages, renders_tools)
+        messages, options = chat_messages(req.messages, renders_tools), req.template_options
         if not functions:
-            return self.tm.tokenize_chat(messages)
+            return self.tm.tokenize_chat(messages, options=options)
         if renders_tools:
             return self.tm.tokenize_chat(messages, [{"type": "function", "function": f}
-                                                    for f in functions])
-        return self.tm.tokenize_chat(with_fallback_prompt(messages, functions))
+                                                    for f in functions], options)
+        return self.tm.tokenize_chat(with_fallback_prompt(messages, functions), options=options)
 
     def _chat_logprobs(self, ids: list[int], out: ReqStrOut | GenerateResult) -> Any:
         return None if out.logprobs is None else render.chat_logprobs(self.tm, ids, out.logprobs)
@@ -163,19 +167,20 @@ class OpenAIServing:
         functions = req.callable_functions()
         held: dict[int, str] = {}  # with functions, each choice's text until it finishes
         async for i, out in merge_streams(streams):
+            last[i] = out
+            usage = usage_of(last, req.n) if req.continuous_usage else None
             logprobs = self._chat_logprobs(out.new_ids, out) if out.new_ids else None
             if functions:
                 held[i] = held.get(i, "") + out.text
                 if out.finish is not None:
-                    yield chunk([self._tool_turn_chunk(i, held.pop(i), out, functions)])
+                    yield chunk([self._tool_turn_chunk(i, held.pop(i), out, functions)], usage)
             elif out.text or out.finish is not None or logprobs is not None:
                 yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=out.text or None),
                                               logprobs=logprobs,
                                               finish_reason=finish_reason(out.finish),
-                                              matched_stop=matched_stop(out.finish))])
-            last[i] = out
+                                              matched_stop=matched_stop(out.finish))], usage)
         if req.include_usage and last:
-            yield chunk([], usage_of([last[i] for i in sorted(last)], req.n))
+            yield chunk([], usage_of(last, req.n))
 
     @staticmethod
     def _tool_turn_chunk(index: int, text: str, last: ReqStrOut,
@@ -205,7 +210,8 @@ class OpenAIServing:
                                                         created, echoes))
         results = await choices.results()
         return CompletionResponse(
-            id=cid, created=created, model=self.tm.model_name, usage=usage_of(results, req.n),
+            id=cid, created=created, model=self.tm.model_name,
+            usage=usage_of(dict(enumerate(results)), req.n),
             choices=[CompletionChoice(
                 index=i, text=echoes[i // req.n] + result.text,
                 logprobs=self._completion_logprobs(choices.prompt_of(i), result,
@@ -248,16 +254,17 @@ class OpenAIServing:
                         prompt = render.completion_logprobs(
                             self.tm, input_ids, out.prompt_logprobs, unscored_first=True)
                     yield chunk([CompletionChoice(index=i, text=echo, logprobs=prompt)])
+            last[i] = out
             logprobs = self._completion_logprobs(input_ids, out, echo, out.new_ids, text_len[i],
                                                  with_prompt=False) if out.new_ids else None
             if out.text or out.finish is not None or logprobs is not None:
                 yield chunk([CompletionChoice(index=i, text=out.text, logprobs=logprobs,
                                               finish_reason=finish_reason(out.finish),
-                                              matched_stop=matched_stop(out.finish))])
+                                              matched_stop=matched_stop(out.finish))],
+                            usage_of(last, req.n) if req.continuous_usage else None)
             text_len[i] += len(out.text)
-            last[i] = out
         if req.include_usage and last:
-            yield chunk([], usage_of([last[i] for i in sorted(last)], req.n))
+            yield chunk([], usage_of(last, req.n))
 
     def _prompt_text(self, prompt: str | list[int], input_ids: list[int]) -> str:
         return prompt if isinstance(prompt, str) else self.tm.decode(input_ids)

@@ -188,6 +188,7 @@ class StreamOptions(StrictModel):
     ignored_fields = frozenset({"include_obfuscation"})
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
     include_obfuscation: bool | None = None  # no obfuscation padding is ever added
 
 
@@ -254,6 +255,7 @@ class ResponseFormat(StrictModel):
 
 class _OpenAISampling(_Sampling, BootstrapFields, OpenAIMetadata):
     model: str | None = None
+    temperature: float | None = Field(None, ge=0, le=2)  # OpenAI's range
     max_tokens: int | None = Field(None, ge=1)
     min_tokens: int = Field(0, ge=0)  # vLLM/SGLang extension: stop tokens masked until then
     n: int = Field(1, ge=1, le=MAX_N)
@@ -282,6 +284,10 @@ class _OpenAISampling(_Sampling, BootstrapFields, OpenAIMetadata):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class ContentPart(StrictModel):
@@ -383,8 +389,19 @@ class NamedToolChoice(StrictModel):
     function: FunctionName
 
 
+# apply_chat_template's own arguments, which `chat_template_kwargs` may not set
+_TEMPLATE_ARGUMENTS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                                 "add_generation_prompt", "continue_final_message", "tokenize",
+                                 "padding", "truncation", "max_length", "return_tensors",
+                                 "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    # vLLM's chat template options: the last assistant message continued, not closed
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None  # default: unless continue_final_message
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -402,6 +419,35 @@ class ChatCompletionRequest(_OpenAISampling):
                 [t.function.model_dump(exclude_none=True, exclude={"strict"}) for t in value],
                 parallel=True))
         return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(_TEMPLATE_ARGUMENTS & (value or {}).keys())
+        if taken:
+            raise ValueError(f"sets {', '.join(taken)}, which the request's own fields control")
+        return value
+
+    @model_validator(mode="after")
+    def _continues_an_assistant_message(self) -> ChatCompletionRequest:
+        if not self.continue_final_message:
+            return self
+        if self.add_generation_prompt:
+            raise ValueError("`continue_final_message` continues the last message; it cannot go "
+                             "with `add_generation_prompt: true`")
+        if self.messages[-1].role != "assistant":
+            raise ValueError("`continue_final_message` needs the last message to be the "
+                             "assistant's")
+        return self
+
+    @property
+    def template_options(self) -> dict[str, Any]:
+        """The arguments of the chat template besides the messages and tools."""
+        return {**(self.chat_template_kwargs or {}),
+                "add_generation_prompt": (not self.continue_final_message
+                                          if self.add_generation_prompt is None
+                                          else self.add_generation_prompt),
+                "continue_final_message": self.continue_final_message}
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:

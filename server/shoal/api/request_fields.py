@@ -29,6 +29,7 @@ class Refusal:
 
 
 _NO_GRAMMAR = "use `response_format` (or `regex` / `ebnf`)"
+_CHAT_TEMPLATE = "chat template options are served by /v1/chat/completions"
 
 REFUSED: dict[str, Refusal] = {
     # OpenAI fields shoal does not implement
@@ -63,10 +64,10 @@ REFUSED: dict[str, Refusal] = {
     "no_stop_trim": Refusal("stop strings are always trimmed from the output", (False,)),
     "include_stop_str_in_output": Refusal("stop strings are always trimmed from the output",
                                           (False,)),
-    "continue_final_message": Refusal("continuing the final message is not supported", (False,)),
-    "add_generation_prompt": Refusal("the generation prompt is always added", (True,)),
+    "continue_final_message": Refusal(_CHAT_TEMPLATE, (False,)),
+    "add_generation_prompt": Refusal(_CHAT_TEMPLATE, (True,)),
     "chat_template": Refusal("the model's own chat template is always used"),
-    "chat_template_kwargs": Refusal("chat template arguments are not supported", ({},)),
+    "chat_template_kwargs": Refusal(_CHAT_TEMPLATE, ({},)),
     "documents": Refusal("chat template documents are not supported", ([],)),
     "echo": Refusal("echo is served by /v1/completions", (False,)),
     "guided_json": Refusal(_NO_GRAMMAR),

@@ -256,12 +256,16 @@ class TokenizerManager:
         return "tools" in (self.tokenizer.chat_template or "")
 
     def tokenize_chat(self, messages: list[dict[str, Any]],
-                      tools: list[dict[str, Any]] | None = None) -> list[int]:
+                      tools: list[dict[str, Any]] | None = None,
+                      options: dict[str, Any] | None = None) -> list[int]:
+        """`options`: the template's other arguments (by default it adds the generation
+        prompt)."""
         self.check_generates()
         try:
-            text = self.tokenizer.apply_chat_template(messages, tools=tools,
-                                                      add_generation_prompt=True, tokenize=False)
-        except (TemplateError, ValueError) as exc:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False,
+                **(options or {"add_generation_prompt": True}))
+        except (TemplateError, ValueError, TypeError) as exc:
             raise bad_request(f"Cannot apply the chat template: {exc}", "messages") from exc
         return self.tokenizer.encode(self._fitting_text(text, "messages"),
                                      add_special_tokens=False)

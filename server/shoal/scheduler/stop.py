@@ -46,8 +46,9 @@ class StopChecker:
         if not hits:
             return None
         if max(len(ids) - window, 0) + 1 >= req.sampling.min_new_tokens:
-            # the tail's tokens were all checked when they came: an occurrence is a new one
-            return FinishReason(kind="stop", matched_str=hits[0])
+            # the tail's tokens were all checked when they came: an occurrence is a new one; the
+            # output ends at the one that starts first
+            return FinishReason(kind="stop", matched_str=min(hits, key=tail.find))
         before = self._decode(req, ids[-window:-1])
         for stop in hits:
             if _count(tail, stop) > _count(before, stop):
