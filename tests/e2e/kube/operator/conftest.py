@@ -49,8 +49,13 @@ def rendezvous_env(namespace: str, name: str) -> dict[str, str]:
     return {"name": "SHOAL_DIST_INIT_ADDR", "value": f"{host}:{free_port()}"}
 
 
+# every operator of the session elects its leader through this Lease, so a test may start a
+# standby beside the session's operator
+LEASE_NAMESPACE, LEASE_NAME = "default", "shoal-operator-e2e"
+
+
 class Operator:
-    """`python -m shoal_operator` as a child of the test session."""
+    """`python -m shoal_operator --leader-election` as a child of the test session."""
 
     def __init__(self, kubeconfig: Path, log_path: Path) -> None:
         self.kubeconfig, self.log_path = kubeconfig, log_path
@@ -59,7 +64,9 @@ class Operator:
     def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         self.component = start_component(
-            "shoal-operator", [sys.executable, "-m", "shoal_operator", "--health-port", "0"],
+            "shoal-operator", [sys.executable, "-m", "shoal_operator", "--health-port", "0",
+                               "--leader-election", "--leader-election-namespace",
+                               LEASE_NAMESPACE, "--leader-election-id", LEASE_NAME],
             self.log_path, cwd=REPO, env=env)
 
     def kill(self) -> None:
