@@ -27,6 +27,10 @@ from tests.support.wait import wait_until
 from tests.support.helm import CHART, RELEASE, run_helm
 
 HELM_WAIT = "180s"
+LEADER_S = 60.0  # a new leader within the Lease's duration and two retries, on a loaded host
+# a namespace that enforces the `restricted` Pod Security profile
+RESTRICTED_LABELS = {f"pod-security.kubernetes.io/{mode}": "restricted"
+                     for mode in ("enforce", "warn", "audit")}
 GONE_S = 120.0
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SERVICE_ACCOUNT = "shoal-operator"
@@ -65,11 +69,28 @@ class Release:
         return self.core.list_namespaced_pod(self.namespace,
                                              label_selector=OPERATOR_SELECTOR).items
 
-    def ready_operator_pod(self) -> Any:
-        """The one operator pod, Ready."""
-        (pod,) = self.operator_pods()
-        assert any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions)
-        return pod
+    def ready_operator_pod(self, image_tag: str | None = None) -> Any:
+        """The leading operator pod (its name begins the Lease's holder identity), Ready and
+        not on its way out; with `image_tag`, one running that tag."""
+        coordination = kubernetes.client.CoordinationV1Api(self.cluster.api_client())
+
+        def leader() -> Any:
+            try:
+                holder = coordination.read_namespaced_lease(
+                    SERVICE_ACCOUNT, self.namespace).spec.holder_identity or ""
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return next((pod for pod in self.operator_pods()
+                         if holder.startswith(f"{pod.metadata.name}_")
+                         and not pod.metadata.deletion_timestamp
+                         and any(c.type == "Ready" and c.status == "True"
+                                 for c in pod.status.conditions or [])
+                         and (image_tag is None
+                              or pod.spec.containers[0].image.endswith(f":{image_tag}"))),
+                        None)
+        return wait_until(leader, LEADER_S, interval=0.5, what="no Ready leading operator pod")
 
     def operator_process(self, pod_name: str) -> psutil.Process:
         """The operator's python process (PID 1 of its container)."""
@@ -109,13 +130,15 @@ class Release:
 
 
 @contextmanager
-def helm_release(running: RunningCluster, *helm_args: str) -> Iterator[Release]:
-    """`helm install shoal helm/shoal --wait` into a new namespace; afterwards uninstalled (if
-    the test did not) and the namespace deleted."""
+def helm_release(running: RunningCluster, *helm_args: str,
+                 labels: dict[str, str] | None = None) -> Iterator[Release]:
+    """`helm install shoal helm/shoal --wait` into a new namespace (with `labels`, if given);
+    afterwards uninstalled (if the test did not) and the namespace deleted."""
     namespace = f"shoal-system-{uuid.uuid4().hex[:6]}"
     cluster = running.cluster
-    installed = run_helm("install", RELEASE, CHART, "--namespace", namespace,
-                         "--create-namespace", "--wait", "--timeout", HELM_WAIT, *helm_args,
+    kubernetes.client.CoreV1Api(cluster.api_client()).create_namespace(
+        {"metadata": {"name": namespace, "labels": labels or {}}})
+    installed = run_helm("install", RELEASE, CHART, "--namespace", namespace, "--wait", "--timeout", HELM_WAIT, *helm_args,
                          kubeconfig=cluster.admin_kubeconfig, check=False)
     try:
         assert installed.returncode == 0, \

@@ -12,6 +12,7 @@ import kubernetes
 import pytest
 
 from tests.e2e.kube.helm.release import (
+    RESTRICTED_LABELS,
     SELF_REVIEWS,
     SERVICE_ACCOUNT,
     TOKEN_DIR,
@@ -23,7 +24,12 @@ from tests.e2e.kube.helm.release import (
 )
 from tests.support.kube.binaries import REPO
 from tests.support.wait import wait_until
-from tests.support.helm import CHART, OPERATOR_PERMISSIONS, RELEASE
+from tests.support.helm import (
+    CHART,
+    LEADER_ELECTION_PERMISSIONS,
+    OPERATOR_PERMISSIONS,
+    RELEASE,
+)
 
 EXAMPLE = REPO / "examples" / "colocated-tp2.yaml"
 EXAMPLE_NAME = "smollm-tp2"
@@ -84,8 +90,9 @@ def test_operator_runs_with_the_charts_service_account_token(release: Release) -
 def test_service_account_may_do_exactly_what_the_operator_needs(release: Release,
                                                                namespace: str) -> None:
     operator = release.operator_client()
-    for where in (namespace, release.namespace):
-        assert granted(operator, where) - SELF_REVIEWS == OPERATOR_PERMISSIONS
+    assert granted(operator, namespace) - SELF_REVIEWS == OPERATOR_PERMISSIONS
+    assert granted(operator, release.namespace) - SELF_REVIEWS == \
+        OPERATOR_PERMISSIONS | LEADER_ELECTION_PERMISSIONS
     for where in (namespace, release.namespace, None):
         for verb in ("get", "list", "watch"):
             assert not release.allowed(where, verb=verb, resource="secrets")
@@ -97,8 +104,22 @@ def test_service_account_may_do_exactly_what_the_operator_needs(release: Release
     assert refused.value.status == 403
 
 
+def test_two_operators_run_restricted_and_one_leads(release: Release) -> None:
+    """Both pods of the chart's default passed the release namespace's `restricted` Pod
+    Security profile; one holds the Lease."""
+    labels = release.core.read_namespace(release.namespace).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = release.operator_pods()
+    assert len(pods) == 2 and all(p.status.phase == "Running" for p in pods)
+    leader = release.ready_operator_pod()
+    assert "leading as" in release.kubelet.pod_log(release.namespace, leader.metadata.name)
+    (standby,) = [p for p in pods if p.metadata.uid != leader.metadata.uid]
+    assert "leading as" not in release.kubelet.pod_log(release.namespace, standby.metadata.name)
+
+
 def test_example_serves_through_upgrade_and_uninstall(release: Release, namespace: str) -> None:
-    # a user applies the example as it is
+    # a user applies the example as it is, in a namespace that enforces `restricted`
+    release.core.patch_namespace(namespace, {"metadata": {"labels": RESTRICTED_LABELS}})
     release.cluster.apply_file(EXAMPLE, namespace)
     md = wait_until(lambda: (lambda md: md if md.get("status", {}).get("phase") == "Ready"
                              else None)(_model_deployment(release, namespace)),
@@ -113,7 +134,7 @@ def test_example_serves_through_upgrade_and_uninstall(release: Release, namespac
     old = release.ready_operator_pod()
     release.helm("upgrade", RELEASE, CHART, "--reuse-values", "--set", f"image.tag={UPGRADE_TAG}",
                  "--wait", "--timeout", "180s")
-    new = release.ready_operator_pod()
+    new = release.ready_operator_pod(image_tag=UPGRADE_TAG)
     assert new.metadata.uid != old.metadata.uid
     assert new.spec.containers[0].image.endswith(f":{UPGRADE_TAG}")
     # a spec change outside the pod template: the new operator's pass records it in the status

@@ -21,7 +21,7 @@ from tests.e2e.kube.helm.release import (
 )
 from tests.support.kube.cluster import RunningCluster
 from tests.support.wait import wait_until
-from tests.support.helm import OPERATOR_PERMISSIONS
+from tests.support.helm import LEADER_ELECTION_PERMISSIONS, OPERATOR_PERMISSIONS
 
 CREATED_S = 180.0  # the operator pod starts (kopf, the client) first: ~60 s on a loaded host
 MD = ("shoal.dev", "v1alpha1", "modeldeployments")
@@ -59,7 +59,7 @@ def test_operator_holds_a_role_in_the_watched_namespace_only(namespaced: Release
     operator = namespaced.operator_client()
     assert granted(operator, watched) - SELF_REVIEWS == OPERATOR_PERMISSIONS
     assert granted(operator, namespace) == SELF_REVIEWS
-    assert granted(operator, namespaced.namespace) == SELF_REVIEWS
+    assert granted(operator, namespaced.namespace) == SELF_REVIEWS | LEADER_ELECTION_PERMISSIONS
     assert not namespaced.allowed(None, verb="list", resource="namespaces")
     assert not namespaced.allowed(None, verb="list", group="apiextensions.k8s.io",
                                   resource="customresourcedefinitions")
