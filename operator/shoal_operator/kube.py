@@ -92,27 +92,29 @@ class Kube:
             namespace, label_selector=selector, _preload_content=False))
         return pods["items"], services["items"], deployments["items"], policies["items"]
 
-    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def read_lease(self, namespace: str, name: str, timeout_s: float) -> dict[str, Any] | None:
         try:
-            return _json(self.coordination.read_namespaced_lease(name, namespace,
-                                                                 _preload_content=False))
+            return _json(self.coordination.read_namespaced_lease(
+                name, namespace, _preload_content=False, _request_timeout=timeout_s))
         except ApiException as exc:
             if exc.status == NOT_FOUND:
                 return None
             raise
 
     def write_lease(self, namespace: str, name: str, spec: dict[str, Any],
-                    resource_version: str | None) -> None:
+                    resource_version: str | None, timeout_s: float) -> None:
         """Create the Lease (no resource_version) or replace it at that version: 409 when
-        another replica wrote it first."""
+        another replica wrote it first. A call gives up after `timeout_s`."""
         metadata: dict[str, Any] = {"name": name, "namespace": namespace}
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
                 "spec": spec}
         if resource_version is None:
-            self.coordination.create_namespaced_lease(namespace, _body(body))
+            self.coordination.create_namespaced_lease(namespace, _body(body),
+                                                   _request_timeout=timeout_s)
         else:
             metadata["resourceVersion"] = resource_version
-            self.coordination.replace_namespaced_lease(name, namespace, _body(body))
+            self.coordination.replace_namespaced_lease(name, namespace, _body(body),
+                                                    _request_timeout=timeout_s)
 
     def apply(self, md_body: dict[str, Any], action: Action) -> None:
         """Carry out one action. Creating what exists and deleting what is gone are no-ops; a

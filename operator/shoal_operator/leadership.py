@@ -9,10 +9,18 @@ from datetime import UTC, datetime
 
 from kubernetes.client import ApiException
 
-from shoal_operator.election import RENEW_DEADLINE_S, LeaseRecord, claim, released
+from shoal_operator.election import (
+    RENEW_DEADLINE_S,
+    RETRY_PERIOD_S,
+    LeaseRecord,
+    claim,
+    released,
+)
 from shoal_operator.kube import CONFLICT, Kube
 
 logger = logging.getLogger(__name__)
+# one API call of the election gives up after this (a hung call would outlast any deadline)
+CALL_TIMEOUT_S = RENEW_DEADLINE_S - RETRY_PERIOD_S
 
 
 class Leadership:
@@ -36,7 +44,7 @@ class Leadership:
             logger.warning("lease %s/%s not renewed for %ds: stopped leading", self.namespace,
                            self.name, RENEW_DEADLINE_S)
         self._led = self.leading
-        body = self.kube.read_lease(self.namespace, self.name)
+        body = self.kube.read_lease(self.namespace, self.name, CALL_TIMEOUT_S)
         current = LeaseRecord.from_spec(body.get("spec") or {}) if body else None
         if current != self._seen:
             self._seen, self._seen_since = current, now
@@ -49,7 +57,8 @@ class Leadership:
             return
         version = body["metadata"]["resourceVersion"] if body else None
         try:
-            self.kube.write_lease(self.namespace, self.name, record.to_spec(), version)
+            self.kube.write_lease(self.namespace, self.name, record.to_spec(), version,
+                                  CALL_TIMEOUT_S)
         except ApiException as exc:
             if exc.status != CONFLICT:
                 raise
@@ -66,10 +75,10 @@ class Leadership:
         if not self.leading:
             return
         self._valid_until = float("-inf")
-        body = self.kube.read_lease(self.namespace, self.name)
+        body = self.kube.read_lease(self.namespace, self.name, CALL_TIMEOUT_S)
         if body is None:
             return
         current = LeaseRecord.from_spec(body.get("spec") or {})
         if current.holder == self.identity:
             self.kube.write_lease(self.namespace, self.name, released(current).to_spec(),
-                                  body["metadata"]["resourceVersion"])
+                                  body["metadata"]["resourceVersion"], CALL_TIMEOUT_S)
