@@ -62,9 +62,10 @@ BAD_CONSTRAINTS = [
     ("schema-min-above-max", CHAT, {"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}},
      "response_format.json_schema.schema"),
-    ("schema-properties-not-an-object", CHAT, {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "array", "items": {"type": "array", "items": {
-            "properties": 3}}}}}}, "response_format.json_schema.schema"),
+    ("schema-properties-not-an-object", CHAT, {"response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "array", "items": {"type": "array", "items": {"properties": 3}}}}}},
+     "response_format.json_schema.schema"),
     ("tool-parameters-bad", CHAT, {"tools": [{**TOOL, "function": {
         "name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}],
         "tool_choice": "required"}, "tools.0.function.parameters"),

@@ -76,9 +76,10 @@ class Sent:
                  if line.startswith("data: ")]
         return [line if line == "[DONE]" else json.loads(line) for line in lines]
 
-    def prompt_is(self, messages: list[dict[str, str]]) -> bool:
+    def prompt_is(self, messages: list[dict[str, str]], **template: Any) -> bool:
+        options = template or {"add_generation_prompt": True}
         return self.req.input_ids == self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            messages, tokenize=True, return_dict=False, **options)
 
 
 Check = Callable[[Sent], bool]
@@ -104,7 +105,14 @@ def usage_last(sent: Sent) -> bool:
     return sent.events()[-2]["usage"]["completion_tokens"] == len(WORDS) + 1
 
 
+def usage_on_every_output(sent: Sent) -> bool:
+    counts = [e["usage"]["completion_tokens"] for e in sent.events()[:-1]
+              if e["choices"] and e["choices"][0]["delta"].get("role") is None]
+    return counts == list(range(1, len(WORDS) + 2))
+
+
 OTHER = [{"role": "user", "content": "Other."}]
+CONTINUED = [*OTHER, {"role": "assistant", "content": "Well, it"}]
 YES_NO = 'root ::= "yes" | "no"'
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
@@ -170,6 +178,15 @@ HONOURED: dict[type[BaseModel], dict[str, tuple[dict[str, Any], Check]]] = {
         "parallel_tool_calls": ({"tools": TOOLS, "tool_choice": "required",
                                  "parallel_tool_calls": False},
                                 sampling(json_schema=call_schema([WEATHER], parallel=False))),
+        "continue_final_message": ({"messages": CONTINUED, "continue_final_message": True},
+                                   lambda sent: sent.prompt_is(
+                                       CONTINUED, continue_final_message=True)),
+        "add_generation_prompt": ({"add_generation_prompt": False},
+                                  lambda sent: sent.prompt_is(MESSAGES,
+                                                              add_generation_prompt=False)),
+        # a variable the default model's template does not read leaves its prompt as it was
+        "chat_template_kwargs": ({"chat_template_kwargs": {"enable_thinking": False}},
+                                 lambda sent: sent.prompt_is(MESSAGES)),
     },
     CompletionRequest: {
         **OPENAI,
@@ -246,6 +263,9 @@ HONOURED: dict[type[BaseModel], dict[str, tuple[dict[str, Any], Check]]] = {
     StreamOptions: {
         "include_usage": ({"stream": True, "stream_options": {"include_usage": True}},
                           usage_last),
+        "continuous_usage_stats": ({"stream": True,
+                                    "stream_options": {"continuous_usage_stats": True}},
+                                   usage_on_every_output),
     },
     InputMessage: {
         "type": ({"input": [{"type": "message", **OTHER[0]}]}, lambda sent: sent.prompt_is(OTHER)),
@@ -385,8 +405,8 @@ def test_refused_field_asking_nothing_is_dropped(api, name):
 
 @pytest.mark.parametrize("route, patch, param", [
     (CHAT, {"messages": [{**MESSAGES[0], "wizard": 1}]}, "messages.0.wizard"),
-    (CHAT, {"stream": True, "stream_options": {"continuous_usage_stats": True}},
-     "stream_options.continuous_usage_stats"),
+    (CHAT, {"stream": True, "stream_options": {"include_obfuscation": True, "wizard": 1}},
+     "stream_options.wizard"),
     (GENERATE, {"sampling_params": {"json_mode": True}}, "sampling_params.json_mode"),
     (GENERATE, {"sampling_params": {"stop_regex": "a+"}}, "sampling_params.stop_regex"),
     (RESPONSES, {"input": [{**MESSAGES[0], "wizard": 1}]}, "input.0.wizard"),
