@@ -29,6 +29,8 @@ def random_prompt(seed: int, n: int = 60) -> list[int]:
 def test_proposal_continues_the_latest_earlier_occurrence_of_the_longest_suffix() -> None:
     # "7 8" occurs twice before the end; the latest is followed by 4 5
     assert SPEC.propose([7, 8, 1, 2, 7, 8, 4, 5, 6, 7, 8], limit=3) == [4, 5, 6]
+    # a longer match wins over a later, shorter one
+    assert SPEC.propose([1, 2, 3, 9, 8, 3, 7, 1, 2, 3], limit=2) == [9, 8]
     # no bigram match: the unigram 9's latest occurrence
     assert SPEC.propose([9, 1, 9, 2, 3, 9], limit=2) == [2, 3]
     assert SPEC.propose([1, 2, 3, 4], limit=4) == []

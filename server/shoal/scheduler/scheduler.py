@@ -216,6 +216,7 @@ class Scheduler:
         worker thread) before step N's results are processed, so result handling, streaming and
         scheduling run while the model computes. A decode entry whose token step N is still
         sampling reads it from the future-token map when its forward starts."""
+        assert self.config.speculation is None, "speculative decoding runs the plain loop"
         future_tokens = torch.zeros(self.memory.req_to_token.num_rows, dtype=torch.int64)
         inflight: Launched | None = None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as worker:
@@ -490,7 +491,8 @@ class Scheduler:
         if plan:
             logit_rows = [plan.last_rows[i] for i in sampled]
         elif verification.entries:
-            logit_rows = [_last_rows(entries, proposals)[i] for i in sampled]
+            last_rows = _last_rows(entries, proposals)
+            logit_rows = [last_rows[i] for i in sampled]
         else:
             logit_rows = sampled
         return ScheduledBatch(
@@ -574,10 +576,12 @@ class Scheduler:
         if not verification.entries:
             return []
         assert logits is not None
-        return [verify(logits[rows], proposal, req.sampling, req.generator)
-                for i, proposal, rows in zip(verification.entries, verification.proposals,
-                                             verification.rows)
-                for req in (batch.entries[i][0],)]
+        verified = []
+        for i, proposal, rows in zip(verification.entries, verification.proposals,
+                                     verification.rows):
+            req = batch.entries[i][0]
+            verified.append(verify(logits[rows], proposal, req.sampling, req.generator))
+        return verified
 
     def process_results(self, batch: ScheduledBatch, result: SamplingResult) -> None:
         """Append each sampled token, check stops, stream, and release finished requests.

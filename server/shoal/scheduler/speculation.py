@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from shoal.engine import sampler
@@ -42,24 +43,22 @@ class NgramProposer:
         occurrence of the longest suffix of `token_ids` (MAX_NGRAM down to MIN_NGRAM tokens)
         that occurred before; [] when none did."""
         limit = min(limit, self.num_draft_tokens)
-        if limit <= 0:
+        if limit <= 0 or len(token_ids) < 2:
             return []
-        for n in range(min(MAX_NGRAM, len(token_ids) - 1), MIN_NGRAM - 1, -1):
-            start = _latest_earlier_match(token_ids, n)
-            if start is not None:
-                return list(token_ids[start + n:start + n + limit])
-        return []
-
-
-def _latest_earlier_match(token_ids: Sequence[int], n: int) -> int | None:
-    """The start of the latest occurrence of the last `n` tokens other than the suffix itself
-    (so at least one token follows it)."""
-    suffix = list(token_ids[-n:])
-    last = suffix[-1]
-    for end in range(len(token_ids) - 2, n - 2, -1):  # the match's last token index
-        if token_ids[end] == last and list(token_ids[end - n + 1:end + 1]) == suffix:
-            return end - n + 1
-    return None
+        ids = np.asarray(token_ids)
+        best_len, best_end = 0, 0
+        # every earlier position holding the last token ends a match; latest first
+        for end in np.flatnonzero(ids[:-1] == ids[-1])[::-1].tolist():
+            n = 1
+            while n < MAX_NGRAM and end - n >= 0 and ids[end - n] == ids[-1 - n]:
+                n += 1
+            if n > best_len:
+                best_len, best_end = n, end
+                if n == MAX_NGRAM:
+                    break
+        if best_len < MIN_NGRAM:
+            return []
+        return ids[best_end + 1:best_end + 1 + limit].tolist()
 
 
 def accept_greedy(proposal: Sequence[int], target: Sequence[int]) -> list[int]:
