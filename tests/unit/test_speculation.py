@@ -3,13 +3,16 @@ the scheduler verifying proposals with the counting model (next token = input to
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 
 import pytest
 import torch
 
 from shoal.config import ConfigError, ServerArgs
 from shoal.ipc.messages import LogprobParams
+from shoal.metrics.scheduler_metrics import SchedulerStats
 from shoal.scheduler.speculation import NgramProposer, accept_greedy, accept_sampled
 from tests.support.scheduler import VOCAB, make_scheduler, request, run_until_idle
 
@@ -182,3 +185,29 @@ def test_speculation_flags() -> None:
     with pytest.raises(ConfigError, match="--speculative-num-draft-tokens"):
         ServerArgs(speculative_algorithm="ngram", speculative_num_draft_tokens=0)
     assert not ServerArgs(speculative_algorithm="ngram").use_overlap_schedule("cuda")
+
+
+def test_a_step_that_scores_prompt_positions_verifies_nothing() -> None:
+    """A batch returns one set of logits rows: a step that collects prompt logprobs leaves the
+    decoding requests' proposals out; both requests' outputs stay exact."""
+    scheduler, io, model = make_scheduler(speculation=SPEC)
+    io.inbox.append(request("a", REPETITIVE, max_new=16))
+    scheduler.step()
+    scheduler.step()
+    io.inbox.append(request("b", [30, 31, 32], max_new=4,
+                            logprob=LogprobParams(logprob_start_len=0)))
+    scheduler.step()
+    assert model.batches[-1].extend_lens == [1, 3]
+    run_until_idle(scheduler)
+    assert io.tokens("a") == list(range(4, 20)) and io.tokens("b") == [33, 34, 35, 36]
+    assert scheduler.memory.check_idle_integrity()
+
+
+def test_the_log_line_reports_the_accept_length(caplog: pytest.LogCaptureFixture) -> None:
+    scheduler, io, _ = make_scheduler(speculation=SPEC)
+    io.inbox.append(request("a", REPETITIVE, max_new=16))
+    run_until_idle(scheduler)
+    stats = SchedulerStats(enable_metrics=False)
+    with caplog.at_level(logging.INFO):
+        stats.report(scheduler.snapshot(), time.monotonic())
+    assert "accept len: 5.00" in caplog.text  # 15 tokens in 3 verify steps
