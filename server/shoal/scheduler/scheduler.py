@@ -56,7 +56,7 @@ from shoal.models.forward_batch import ForwardBatch
 from shoal.scheduler import grammar
 from shoal.scheduler.admission import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.grammar import Grammars
-from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
+from shoal.scheduler.logits_plan import LogitsPlan, Verification, plan_logits, plan_verification
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefix_cache import common_prefix_len
 from shoal.scheduler.request import Req
@@ -93,16 +93,6 @@ class FutureInputs:
 
     positions: list[int] = field(default_factory=list)
     req_pool_indices: list[int] = field(default_factory=list)
-
-
-@dataclass
-class Verification:
-    """The entries of a batch that verify proposed tokens (speculative decoding): each one's
-    index in the batch, its proposal and the logits rows of its 1 + len(proposal) positions."""
-
-    entries: list[int] = field(default_factory=list)
-    proposals: list[list[int]] = field(default_factory=list)
-    rows: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -483,7 +473,7 @@ class Scheduler:
         forward runs, so the overlap loop can schedule the next step while this one computes),
         then what sampling does. Entries with a proposal verify it instead of sampling."""
         plan = plan_logits(entries)
-        verification = _verification(entries, proposals)
+        verification = plan_verification(entries, proposals)
         forward, future = self._forward_batch(entries, proposals, plan, verification)
         sampled = self._advance_progress(entries, proposals)
         sampled = [i for i in sampled if not proposals[i]]
@@ -491,8 +481,7 @@ class Scheduler:
         if plan:
             logit_rows = [plan.last_rows[i] for i in sampled]
         elif verification.entries:
-            last_rows = _last_rows(entries, proposals)
-            logit_rows = [last_rows[i] for i in sampled]
+            logit_rows = [verification.last_rows[i] for i in sampled]
         else:
             logit_rows = sampled
         return ScheduledBatch(
@@ -541,8 +530,8 @@ class Scheduler:
             forward.logit_indices = torch.tensor(plan.indices, dtype=torch.int64, device=device)
         else:
             if verification.entries:
-                forward.logit_indices = torch.tensor(_logit_indices(entries, proposals),
-                                                     dtype=torch.int64, device=device)
+                forward.logit_indices = torch.tensor(verification.indices, dtype=torch.int64,
+                                                     device=device)
             forward.argmax_only = all(r.sampling.is_greedy and not r.needs_sync_sampling
                                       for r in reqs)
         return forward, future
@@ -666,39 +655,6 @@ class Scheduler:
             decode_prefix_ids=req.input_ids[-DECODE_PREFIX_LEN:] if first else [],
             stop=req.sampling.stop if first else [],
             logprobs=logprobs, prompt_logprobs=req.prompt_logprobs if first else None)
-
-
-def _verification(entries: list[Entry], proposals: list[list[int]]) -> Verification:
-    """The verifying entries of a batch, with their rows under `_logit_indices`."""
-    verification = Verification()
-    row = 0
-    for i, ((_, n), proposal) in enumerate(zip(entries, proposals)):
-        if proposal:
-            verification.entries.append(i)
-            verification.proposals.append(proposal)
-            verification.rows.append(list(range(row, row + n)))
-        row += n if proposal else 1
-    return verification
-
-
-def _logit_indices(entries: list[Entry], proposals: list[list[int]]) -> list[int]:
-    """Token indices whose logits a batch with verifying entries returns: every position of
-    those, each other entry's last token."""
-    indices: list[int] = []
-    offset = 0
-    for (_, n), proposal in zip(entries, proposals):
-        indices += range(offset, offset + n) if proposal else [offset + n - 1]
-        offset += n
-    return indices
-
-
-def _last_rows(entries: list[Entry], proposals: list[list[int]]) -> list[int]:
-    """Per entry, the logits row of its last token under `_logit_indices`."""
-    rows, row = [], -1
-    for (_, n), proposal in zip(entries, proposals):
-        row += n if proposal else 1
-        rows.append(row)
-    return rows
 
 
 def _req_pool_idx(req: Req) -> int:
