@@ -49,6 +49,9 @@ class ServerArgs:
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     enable_overlap_schedule: bool = False  # on CPU too, where it is off by default
+    # speculative decoding (scheduler/speculation.py): "ngram" (case-insensitive) or None
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4  # most tokens proposed per request and step
     watchdog_timeout: float = 300.0
     enable_rank_consensus_check: bool = False
     disaggregation_mode: DisaggregationMode = "null"  # null: a colocated server (docs/pd.md)
@@ -86,10 +89,35 @@ class ServerArgs:
             (1 <= self.disaggregation_bootstrap_port <= 65535,
              "--disaggregation-bootstrap-port must be in [1, 65535]"),
             (self.disaggregation_timeout > 0, "--disaggregation-timeout must be > 0"),
+            *self._speculation_checks(),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+
+    def _speculation_checks(self) -> list[tuple[bool, str]]:
+        if self.speculative_algorithm is None:
+            return []
+        algorithm = self.speculative_algorithm.lower()
+        return [
+            (algorithm != "draft", "--speculative-algorithm draft (a draft model) is not "
+                                   "implemented yet; use ngram (prompt lookup)"),
+            (algorithm in ("draft", "ngram"),
+             f"--speculative-algorithm: unknown {self.speculative_algorithm!r}; known: ngram"),
+            (self.speculative_num_draft_tokens >= 1,
+             "--speculative-num-draft-tokens must be >= 1"),
+            (self.tp * self.pp == 1, "--speculative-algorithm runs on one rank only: "
+                                     "--tp 1 --pp 1 (--tp, --pp)"),
+            (self.disaggregation_mode == "null", "--speculative-algorithm is not served with "
+                                                 "--disaggregation-mode prefill or decode"),
+            (not self.enable_overlap_schedule, "--speculative-algorithm runs the plain loop: "
+                                               "drop --enable-overlap-schedule"),
+        ]
+
+    @property
+    def speculation(self) -> str | None:
+        """The speculative decoding algorithm, lower case; None: off."""
+        return None if self.speculative_algorithm is None else self.speculative_algorithm.lower()
 
     @property
     def world_size(self) -> int:
@@ -100,10 +128,11 @@ class ServerArgs:
         return self.world_size // self.nnodes
 
     def use_overlap_schedule(self, device_type: str) -> bool:
-        """The overlap loop: single-rank servers only; by default on CUDA, not on CPU, where
+        """The overlap loop: single-rank servers without speculative decoding only; by default
+        on CUDA, not on CPU, where
         the forward runs on every core and the loop's worker thread slows it down
         (docs/architecture.md, "The overlap loop")."""
-        if self.world_size != 1 or self.disable_overlap_schedule:
+        if self.world_size != 1 or self.disable_overlap_schedule or self.speculation:
             return False
         return self.enable_overlap_schedule or device_type != "cpu"
 

@@ -19,6 +19,7 @@ from shoal.models.forward_batch import ForwardBatch
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefix_cache import NoPrefixCache, RadixCache
 from shoal.scheduler.scheduler import Scheduler, SchedulerConfig
+from shoal.scheduler.speculation import NgramProposer
 from shoal.scheduler.stop import StopChecker
 
 VOCAB = 50
@@ -26,14 +27,15 @@ EOS = 0
 
 
 class CountingModel:
-    """Next token = last input token + 1 (mod VOCAB, skipping EOS); records each batch."""
+    """Next token = input token + 1 (mod VOCAB, skipping EOS), at `batch.logits_at`; records
+    each batch."""
 
     def __init__(self) -> None:
         self.batches: list[ForwardBatch] = []
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         self.batches.append(batch)
-        last = batch.input_ids[batch.last_token_indices]
+        last = batch.input_ids[batch.logits_at]
         nxt = (last % (VOCAB - 1)) + 1
         return torch.nn.functional.one_hot(nxt, VOCAB).float()
 
@@ -74,7 +76,8 @@ class FakeIO:
 
 
 def make_scheduler(num_slots: int = 4096, max_running: int = 64, chunk: int = 2048,
-                   context: int = 1024, radix: bool = True, policy: str = "fcfs"
+                   context: int = 1024, radix: bool = True, policy: str = "fcfs",
+                   speculation: NgramProposer | None = None
                    ) -> tuple[Scheduler, FakeIO, CountingModel]:
     io, model = FakeIO(), CountingModel()
     allocator = TokenSlotAllocator(num_slots, torch.device("cpu"))
@@ -82,16 +85,17 @@ def make_scheduler(num_slots: int = 4096, max_running: int = 64, chunk: int = 20
                        RadixCache(allocator) if radix else NoPrefixCache())
     stop_checker = StopChecker(LetterTokenizer(), {EOS}, context)  # type: ignore[arg-type]
     scheduler = Scheduler(runner=model, memory=memory, io=io, stop_checker=stop_checker,
-                          config=SchedulerConfig(context, max_running, chunk, policy))
+                          config=SchedulerConfig(context, max_running, chunk, policy,
+                                                         speculation))
     return scheduler, io, model
 
 
 def request(rid: str, prompt: list[int], max_new: int = 8, stream: bool = True,
             logprob: LogprobParams | None = None, **params: object) -> GenerateReq:
-    """A greedy request; `params` are more `SamplingParams` fields."""
+    """A greedy request unless `params` (more `SamplingParams` fields) say otherwise."""
+    fields: dict[str, object] = {"max_new_tokens": max_new, "temperature": 0.0, **params}
     return GenerateReq(rid=rid, input_ids=prompt, stream=stream, logprob=logprob,
-                       sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0,
-                                               **params))  # type: ignore[arg-type]
+                       sampling=SamplingParams(**fields))  # type: ignore[arg-type]
 
 
 def run_until_idle(scheduler: Scheduler, max_steps: int = 10_000) -> None:

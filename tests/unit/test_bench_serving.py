@@ -23,7 +23,15 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from shoal import model_store
-from shoal.bench.datasets import PromptMaker, load_tokenizer, random_prompts, shared_prefix_prompts
+from shoal.bench.datasets import (
+    REPEAT_CUE,
+    REPEAT_INSTRUCTION,
+    PromptMaker,
+    load_tokenizer,
+    random_prompts,
+    repeat_prompts,
+    shared_prefix_prompts,
+)
 from shoal.bench.serving import poisson_gaps
 from shoal.cli import main
 from shoal.ports import free_port
@@ -256,6 +264,17 @@ def test_random_prompts_have_the_requested_token_count(maker_factory) -> None:
     assert len({p.text for p in prompts}) == 20
     again = random_prompts(maker_factory(0), 20, 200, 7)
     assert [p.text for p in again] == [p.text for p in prompts]
+
+
+def test_repeat_prompts_ask_to_repeat_a_text_of_the_requested_length(maker_factory) -> None:
+    maker = maker_factory(1)
+    prompts = repeat_prompts(maker, 5, 150, 9)
+    for p in prompts:
+        assert p.text.startswith(REPEAT_INSTRUCTION) and p.text.endswith(REPEAT_CUE)
+        body = p.text.removeprefix(REPEAT_INSTRUCTION).removesuffix(REPEAT_CUE)
+        assert maker.count(body) == 150 and p.output_len == 9
+        assert p.num_tokens == maker.count(p.text) > 150
+    assert len({p.text for p in prompts}) == 5
 
 
 def test_shared_prefix_prompts_share_an_exact_prefix(maker_factory) -> None:

@@ -140,6 +140,7 @@ SAMPLING: dict[str, tuple[Any, Check]] = {
     "ignore_eos": (True, sampling(ignore_eos=True)),
     "stop_token_ids": ([7], sampling(stop_token_ids=[7])),
     "skip_special_tokens": (False, sampling(skip_special_tokens=False)),
+    "speculative": (False, sampling(speculative=False)),
     "frequency_penalty": (0.5, sampling(frequency_penalty=0.5)),
     "presence_penalty": (0.5, sampling(presence_penalty=0.5)),
     "repetition_penalty": (1.2, sampling(repetition_penalty=1.2)),

@@ -86,6 +86,7 @@ class _Sampling(StrictModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    speculative: bool = True  # shoal extension: false opts out of speculative decoding
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=2)
@@ -175,6 +176,7 @@ class _Sampling(StrictModel):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
+            speculative=self.speculative,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             repetition_penalty=self.repetition_penalty,

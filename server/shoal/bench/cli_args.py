@@ -24,10 +24,13 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                              "openai neither; auto: the first one the warmup request is "
                              "accepted with")
     parser.add_argument("--dataset", default="random",
-                        choices=("random", "shared-prefix", "tenants"))
+                        choices=("random", "shared-prefix", "tenants", "repeat"),
+                        help="repeat: each prompt asks to repeat a text of --input-len random "
+                             "words")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128,
-                        help="prompt tokens per request (random dataset)")
+                        help="prompt tokens per request (random dataset; the text to repeat: "
+                             "repeat dataset)")
     parser.add_argument("--output-len", type=int, default=128,
                         help="output tokens per request (max_tokens, EOS ignored)")
     parser.add_argument("--prefix-len", type=int, default=1024,

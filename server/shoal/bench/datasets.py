@@ -82,6 +82,22 @@ def random_prompts(maker: PromptMaker, num_prompts: int, input_len: int,
     return prompts
 
 
+REPEAT_INSTRUCTION = "Repeat the following text exactly, word for word.\n\nText:"
+REPEAT_CUE = "\n\nRepeated text:"
+
+
+def repeat_prompts(maker: PromptMaker, num_prompts: int, input_len: int,
+                   output_len: int) -> list[Prompt]:
+    """Prompts asking to repeat a text of `input_len` random words (an editing-style workload
+    whose output copies its input: what prompt-lookup speculation speeds up); the instruction
+    and cue add a few tokens."""
+    prompts = []
+    for _ in range(num_prompts):
+        text = REPEAT_INSTRUCTION + maker.text(input_len) + REPEAT_CUE
+        prompts.append(Prompt(text, maker.count(text), output_len))
+    return prompts
+
+
 def shared_prefix_prompts(maker: PromptMaker, num_prompts: int, prefix_len: int,
                           suffix_len: int, output_len: int) -> list[Prompt]:
     """One common prefix of `prefix_len` tokens, then a unique suffix of `suffix_len` tokens."""

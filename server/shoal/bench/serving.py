@@ -40,6 +40,7 @@ from shoal.bench.datasets import (
     PromptMaker,
     load_tokenizer,
     random_prompts,
+    repeat_prompts,
     shared_prefix_prompts,
 )
 from shoal.bench.tenants import tenant_prompts
@@ -373,6 +374,8 @@ def build_prompts(cfg: ServingConfig) -> tuple[list[Prompt], Prompt]:
     elif cfg.dataset == "tenants":
         prompts = tenant_prompts(maker, cfg.num_prompts, cfg.num_tenants, cfg.prefix_len,
                                  cfg.suffix_len, cfg.output_len)
+    elif cfg.dataset == "repeat":
+        prompts = repeat_prompts(maker, cfg.num_prompts, cfg.input_len, cfg.output_len)
     else:
         prompts = random_prompts(maker, cfg.num_prompts, cfg.input_len, cfg.output_len)
     maker.rng = random.Random(f"warmup-{cfg.seed}")

@@ -40,6 +40,8 @@ class SamplingParams(msgspec.Struct, array_like=True, kw_only=True):
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # Speculative decoding, when the server runs it: False opts this request out.
+    speculative: bool = True
 
     @property
     def is_greedy(self) -> bool:

@@ -102,6 +102,13 @@ class ReqMemory:
             offset += n
         return slots
 
+    def free_tail(self, req: Req, end: int) -> None:
+        """Free the slots of a running request's positions [computed_len, end): K/V a forward
+        wrote for tokens the request did not keep (rejected speculative proposals). Its
+        req_to_token entry keeps the stale slots until the positions are written again."""
+        assert req.req_pool_idx is not None
+        self.allocator.free(self.req_to_token.table[req.req_pool_idx, req.computed_len:end])
+
     def cache_progress(self, req: Req) -> None:
         """Checkpoint a running request's computed tokens into the prefix cache (SGLang's
         `cache_unfinished_req`), so requests admitted from now on share them while this one is

@@ -49,6 +49,7 @@ from shoal.scheduler.prefix_cache import NoPrefixCache, PrefixCache, RadixCache
 from shoal.scheduler.roles import ColocatedRole, Role
 from shoal.scheduler.sampling import SharedSampling, local_sampling
 from shoal.scheduler.scheduler import Runner, Scheduler, SchedulerConfig, SchedulerIO
+from shoal.scheduler.speculation import NgramProposer
 from shoal.scheduler.stop import StopChecker
 from shoal.scheduler.watchdog import Watchdog
 from shoal.tokenizer import load_tokenizer, resolve_model_path, served_model_name
@@ -122,7 +123,9 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
         context_length=args.context_length or config.max_position_embeddings,
         max_running_requests=args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
         chunked_prefill_size=chunked_prefill_size(args, ctx.device),
-        schedule_policy=args.schedule_policy)
+        schedule_policy=args.schedule_policy,
+        speculation=(NgramProposer(args.speculative_num_draft_tokens)
+                     if args.speculation == "ngram" else None))
     runner = ModelRunner(
         model_path=model_path, device=ctx.device, dtype=resolve_dtype(args.dtype, ctx.device),
         tp=groups.tp, pp_rank=layout.pp_rank, pp_size=layout.pp_size,

@@ -16,6 +16,8 @@ Where is ... (docs/architecture.md has the same index; a test resolves every nam
                     (FutureInputs)
     disaggregation  roles.Role, called by Scheduler.schedule and Scheduler.process_results:
                     prefill_role.PrefillRole, decode_role.DecodeRole, roles.ColocatedRole
+    speculation     Scheduler._propose (speculation.NgramProposer), when a batch is built;
+                    Scheduler._verify → speculation.verify; Scheduler._take_verified
     grammars        Scheduler._attach_grammar → grammar.Grammars.matcher (the engine's
                     sampler applies the mask); each processed token: grammar.accept
 
@@ -54,19 +56,20 @@ from shoal.models.forward_batch import ForwardBatch
 from shoal.scheduler import grammar
 from shoal.scheduler.admission import NewTokenRatio, PrefillAdder, future_slots
 from shoal.scheduler.grammar import Grammars
-from shoal.scheduler.logits_plan import LogitsPlan, plan_logits
+from shoal.scheduler.logits_plan import LogitsPlan, Verification, plan_logits, plan_verification
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefix_cache import common_prefix_len
 from shoal.scheduler.request import Req
 from shoal.scheduler.roles import ColocatedRole, Role
 from shoal.scheduler.sampling import Sampling, local_sampling
+from shoal.scheduler.speculation import NgramProposer, verify
 from shoal.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
 
 DECODE_PREFIX_LEN = 5  # prompt ids sent to the detokenizer as decoding context
 
-Entry = tuple[Req, int]  # a request and the tokens it computes this step
+Entry = tuple[Req, int]  # a request and the tokens it computes this step (proposals included)
 
 
 class SchedulerIO(Protocol):
@@ -102,6 +105,8 @@ class ScheduledBatch:
     work: SamplingWork
     future: FutureInputs
     logits_plan: LogitsPlan | None = None  # None: the logits of each entry's last token
+    verification: Verification = field(default_factory=Verification)
+    verified: list[list[int]] = field(default_factory=list)  # per verifying entry, its tokens
 
     @property
     def has_prefill(self) -> bool:
@@ -131,6 +136,7 @@ class SchedulerConfig:
     max_running_requests: int
     chunked_prefill_size: int
     schedule_policy: str = "fcfs"  # fcfs | lpm (longest cached prefix first)
+    speculation: NgramProposer | None = None  # plain loop, one rank, colocated only
 
 
 LPM_MAX_QUEUE = 128  # beyond this many waiting requests, lpm's matching costs more than it saves
@@ -165,6 +171,8 @@ class Scheduler:
         self.num_prompt_tokens = 0       # of admitted requests, for the cache hit rate
         self.num_prefix_hit_tokens = 0   # of those, served from the prefix cache
         self.num_generated_tokens = 0
+        self.num_verify_steps = 0       # speculative decoding: request-steps that verified
+        self.num_verified_tokens = 0    # tokens those steps yielded (accepted + the target's)
         self.should_stop = False
         self._checked_idle = True
 
@@ -188,13 +196,17 @@ class Scheduler:
         if batch is None:
             self._on_idle()
             return
-        self._finish_step(batch, self._sample(batch, self.runner.forward(batch.forward)))
+        logits = self.runner.forward(batch.forward)
+        result = self._sample(batch, logits)
+        batch.verified = self._verify(batch, logits)
+        self._finish_step(batch, result)
 
     def run_forever_overlapped(self) -> None:
         """The overlap loop: step N+1 is scheduled and launched (forward and sampling, in a
         worker thread) before step N's results are processed, so result handling, streaming and
         scheduling run while the model computes. A decode entry whose token step N is still
         sampling reads it from the future-token map when its forward starts."""
+        assert self.config.speculation is None, "speculative decoding runs the plain loop"
         future_tokens = torch.zeros(self.memory.req_to_token.num_rows, dtype=torch.int64)
         inflight: Launched | None = None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward") as worker:
@@ -248,7 +260,8 @@ class Scheduler:
             num_retracted_reqs=self.num_retracted, num_prompt_tokens=self.num_prompt_tokens,
             num_prefix_hit_tokens=self.num_prefix_hit_tokens,
             num_generated_tokens=self.num_generated_tokens,
-            num_forward_steps=self.num_forward_steps)
+            num_forward_steps=self.num_forward_steps, num_verify_steps=self.num_verify_steps,
+            num_verified_tokens=self.num_verified_tokens)
 
     def _on_idle(self) -> None:
         """Once per idle period: with nothing running, every slot must be free or cached."""
@@ -353,13 +366,14 @@ class Scheduler:
         decoding = [r for r in self.running if r.extend_len == 1 and r.remaining_new_tokens > 0
                     and r.total_len < self.config.context_length]
         decoding = self._retract_for_decode(decoding)
+        proposals = self._propose(decoding)
         if decoding:
             self.new_token_ratio.on_step()
         ratio = self.new_token_ratio.value
         available = self.memory.num_available_slots
         adder = PrefillAdder(
             token_budget=self.config.chunked_prefill_size,
-            free_slots=available - len(decoding),
+            free_slots=available - len(decoding) - sum(map(len, proposals)),
             unreserved_slots=available - sum(future_slots(r, ratio) for r in self.running),
             free_req_pool_indices=min(self.memory.num_free_req_pool_indices,
                                       self.config.max_running_requests - len(self.running)),
@@ -368,14 +382,17 @@ class Scheduler:
             if req.extend_len > 1 and not adder.add_chunk(req):
                 break
         self._admit(adder)
-        entries = [(r, 1) for r in decoding] + adder.entries
+        if any(r.needs_prompt_logprobs for r, _ in adder.entries):
+            proposals = [[] for _ in decoding]  # one logits plan per batch: prompt logprobs'
+        entries = [(r, 1 + len(p)) for r, p in zip(decoding, proposals)] + adder.entries
+        proposals += [[] for _ in adder.entries]
         if not entries:
             return None
         if self.record_event is not None:
             self.record_event("batch " + " ".join(f"{r.rid}+{n}@{r.computed_len}"
                                                   for r, n in entries))
         self._checked_idle = False
-        return self._build(entries)
+        return self._build(entries, proposals)
 
     def _admit(self, adder: PrefillAdder) -> None:
         """Admit waiting requests in policy order until one does not fit. A request that shares
@@ -432,24 +449,51 @@ class Scheduler:
             decoding = [r for r in decoding if r is not victim]
         return decoding
 
-    def _build(self, entries: list[Entry]) -> ScheduledBatch:
+    def _propose(self, decoding: list[Req]) -> list[list[int]]:
+        """Each decode entry's proposed tokens (speculative decoding), as many as its
+        remaining tokens, the context and the free slots allow; [] for a request that does not
+        speculate (opted out, or its sampling reads more than one token's logits)."""
+        proposer = self.config.speculation
+        if proposer is None:
+            return [[] for _ in decoding]
+        spare = self.memory.num_available_slots - len(decoding)
+        proposals = []
+        for req in decoding:
+            proposal: list[int] = []
+            if req.sampling.speculative and not req.needs_sync_sampling and not req.num_pending:
+                limit = min(req.remaining_new_tokens - 1, spare,
+                            self.config.context_length - req.total_len - 1)
+                proposal = proposer.propose(req.token_ids, limit)
+            spare -= len(proposal)
+            proposals.append(proposal)
+        return proposals
+
+    def _build(self, entries: list[Entry], proposals: list[list[int]]) -> ScheduledBatch:
         """The step's batch: its tensors, then each request's progress advances (now, before the
         forward runs, so the overlap loop can schedule the next step while this one computes),
-        then what sampling does."""
+        then what sampling does. Entries with a proposal verify it instead of sampling."""
         plan = plan_logits(entries)
-        forward, future = self._forward_batch(entries, plan)
-        sampled = self._advance_progress(entries)
+        verification = plan_verification(entries, proposals)
+        forward, future = self._forward_batch(entries, proposals, plan, verification)
+        sampled = self._advance_progress(entries, proposals)
+        sampled = [i for i in sampled if not proposals[i]]
         sampled_reqs = [entries[i][0] for i in sampled]
-        logit_rows = [plan.last_rows[i] for i in sampled] if plan else sampled
+        if plan:
+            logit_rows = [plan.last_rows[i] for i in sampled]
+        elif verification.entries:
+            logit_rows = [verification.last_rows[i] for i in sampled]
+        else:
+            logit_rows = sampled
         return ScheduledBatch(
             entries=entries, forward=forward, sampled=sampled,
             sampled_req_pool_indices=[_req_pool_idx(r) for r in sampled_reqs],
             epochs=[r.epoch for r, _ in entries],
             work=SamplingWork(sampled_reqs, logit_rows, plan.slices if plan else []),
-            future=future, logits_plan=plan)
+            future=future, logits_plan=plan, verification=verification)
 
-    def _forward_batch(self, entries: list[Entry],
-                       plan: LogitsPlan | None) -> tuple[ForwardBatch, FutureInputs]:
+    def _forward_batch(self, entries: list[Entry], proposals: list[list[int]],
+                       plan: LogitsPlan | None, verification: Verification
+                       ) -> tuple[ForwardBatch, FutureInputs]:
         """The forward's tensors, with each entry's new slots taken (evicting cached prefixes
         first when the free list is short) and written into its req_to_token entry."""
         reqs = [r for r, _ in entries]
@@ -459,9 +503,11 @@ class Scheduler:
         input_ids: list[int] = []
         positions: list[int] = []
         future = FutureInputs()
-        for req, n in entries:
+        for (req, n), proposal in zip(entries, proposals):
             start = req.computed_len
-            if n == 1 and req.num_pending:
+            if proposal:
+                input_ids += [req.token_ids[start], *proposal]
+            elif n == 1 and req.num_pending:
                 future.positions.append(len(input_ids))
                 future.req_pool_indices.append(_req_pool_idx(req))
                 input_ids.append(0)
@@ -483,17 +529,23 @@ class Scheduler:
         if plan is not None:
             forward.logit_indices = torch.tensor(plan.indices, dtype=torch.int64, device=device)
         else:
+            if verification.entries:
+                forward.logit_indices = torch.tensor(verification.indices, dtype=torch.int64,
+                                                     device=device)
             forward.argmax_only = all(r.sampling.is_greedy and not r.needs_sync_sampling
                                       for r in reqs)
         return forward, future
 
     @staticmethod
-    def _advance_progress(entries: list[Entry]) -> list[int]:
+    def _advance_progress(entries: list[Entry], proposals: list[list[int]]) -> list[int]:
         """Move each request's `computed_len` past this step's tokens (vLLM's
-        `_update_after_schedule`); an entry that reaches `total_len` samples a token, pending
-        until the step's results are processed. Returns those entries."""
-        sampled = [i for i, (req, n) in enumerate(entries) if req.computed_len + n == req.total_len]
-        for req, n in entries:
+        `_update_after_schedule`), proposed tokens not included (they count once accepted); an
+        entry that reaches `total_len` samples a token, pending until the step's results are
+        processed. Returns those entries."""
+        extends = [n - len(p) for (_, n), p in zip(entries, proposals)]
+        sampled = [i for i, ((req, _), n) in enumerate(zip(entries, extends))
+                   if req.computed_len + n == req.total_len]
+        for (req, _), n in zip(entries, extends):
             req.computed_len += n
         for i in sampled:
             entries[i][0].num_pending += 1
@@ -506,6 +558,20 @@ class Scheduler:
             return SamplingResult(tokens=[])
         return self.sampling(logits, batch.work)
 
+    @staticmethod
+    def _verify(batch: ScheduledBatch, logits: torch.Tensor | None) -> list[list[int]]:
+        """The tokens each verifying entry yields (one rank: it holds the logits)."""
+        verification = batch.verification
+        if not verification.entries:
+            return []
+        assert logits is not None
+        verified = []
+        for i, proposal, rows in zip(verification.entries, verification.proposals,
+                                     verification.rows):
+            req = batch.entries[i][0]
+            verified.append(verify(logits[rows], proposal, req.sampling, req.generator))
+        return verified
+
     def process_results(self, batch: ScheduledBatch, result: SamplingResult) -> None:
         """Append each sampled token, check stops, stream, and release finished requests.
         Entries of requests that gave their KV back since the batch was built (finished,
@@ -514,6 +580,7 @@ class Scheduler:
             batch.logits_plan.record(result.prompt_logprobs)
         logprobs = result.logprobs or [None] * len(batch.sampled)
         appended = []
+        num_tokens = 0
         for i, token, token_logprobs in zip(batch.sampled, result.tokens, logprobs):
             req = batch.entries[i][0]
             if req.epoch != batch.epochs[i] or req.finish is not None:
@@ -525,14 +592,39 @@ class Scheduler:
                 req.output_logprobs.extend(token_logprobs)
             req.finish = self.stop_checker.check(req) or grammar_end
             appended.append(req)
+            num_tokens += 1
+        for i, tokens in zip(batch.verification.entries, batch.verified):
+            req = batch.entries[i][0]
+            if req.epoch == batch.epochs[i] and req.finish is None:
+                num_tokens += self._take_verified(req, batch.entries[i][1], tokens)
+                appended.append(req)
         for (req, n), epoch in zip(batch.entries, batch.epochs):
             if n > 1 and req.epoch == epoch and req.finish is None:
                 self.memory.cache_progress(req)
         held = self.role.after_step(batch, appended)
-        self.num_generated_tokens += len(appended)
+        self.num_generated_tokens += num_tokens
         self.io.send_outputs([self._output(r) for r in appended
                               if (r.stream or r.finish is not None) and r.rid not in held])
         self._release_finished()
+
+    def _take_verified(self, req: Req, extend: int, tokens: list[int]) -> int:
+        """Append a verify step's tokens one at a time, stopping at the first that finishes
+        the request; the KV of the accepted ones counts as computed, and the slots written for
+        the rest (the rejected proposals) go back to the free list. Returns how many it
+        appended."""
+        req.num_pending -= 1
+        start = req.computed_len - 1  # the step computed positions [start, start + extend)
+        for token in tokens:
+            req.append_token(token)
+            req.finish = self.stop_checker.check(req)
+            if req.finish is not None:
+                break
+        req.computed_len = len(req.token_ids) - 1
+        self.memory.free_tail(req, start + extend)
+        num_tokens = len(req.token_ids) - 1 - start
+        self.num_verify_steps += 1
+        self.num_verified_tokens += num_tokens
+        return num_tokens
 
     def _finish_aborted(self) -> None:
         aborted = [r for r in self.running if r.finish is not None]
