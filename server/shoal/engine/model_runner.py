@@ -17,7 +17,7 @@ import torch.distributed as dist
 from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from shoal.engine.threads import RankThreads, forward_threads
-from shoal.models import ModelConfig, fused_decode, get_model_class, greedy_head, layer_kernels
+from shoal.models import ModelConfig, fused_decode, greedy_head, layer_kernels, model_class_for
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import head_shard
 from shoal.models.linear_kernels import prepare_linears
@@ -61,7 +61,7 @@ class ModelRunner:
             raise ValueError(f"--quantization {quantization} needs --dtype float32")
         self.model_config = config = ModelConfig.from_pretrained(model_path)
         start_layer, end_layer = pp_layer_range(config.num_layers, pp_rank, pp_size)
-        model_class = get_model_class(config.architecture)
+        model_class = model_class_for(config)
         with torch.device(device), _default_dtype(dtype):
             self.model = model_class(config, tp, start_layer, end_layer)
         load_checkpoint(self.model, model_path)
