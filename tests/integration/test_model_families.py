@@ -26,7 +26,7 @@ NEW_TOKENS = 32
 TIE_GAP = 1e-4  # greedy ids may part only where transformers' top-2 logprob gap is below this
 LOGPROB_TOLERANCE = 1e-3
 # each family's server with the flags of its run; tp2: the MoE family and a dense one
-RUNS = [(family, ()) for family in sorted(tiny_models.FAMILIES)] + [
+RUNS = [(family, ()) for family in tiny_models.SERVED] + [
     ("qwen2-moe", ("--tp", "2")), ("gemma2", ("--tp", "2"))]
 
 
@@ -48,7 +48,7 @@ class Served:
 def checkpoints(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
     return {family: tiny_models.build(family, root / family, Path(model_path))
-            for family in tiny_models.FAMILIES}
+            for family in tiny_models.SERVED}
 
 
 @pytest.fixture(scope="module")

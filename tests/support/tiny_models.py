@@ -42,7 +42,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], torch.dtype]] = {
     "qwen2-moe": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2,
                                     moe_intermediate_size=32, shared_expert_intermediate_size=64,
                                     mlp_only_layers=[1]), torch.float32),
+    "qwen3-moe": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=32, norm_topk_prob=True),
+                  torch.bfloat16),
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2,
+                                sliding_window=SLIDING_WINDOW), torch.float32),
 }
+# the families the issue names, each served in tests/integration/test_model_families.py; the
+# other MoE families share qwen2-moe's code and are checked in process
+SERVED = ("gemma2", "gemma3", "mistral", "phi3", "qwen2-moe", "qwen3")
 
 
 def build(family: str, target: Path, tokenizer_dir: Path) -> Path:
