@@ -8,6 +8,8 @@ One server per family and flag set, module-scoped; every prompt goes in one batc
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +20,10 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from shoal.lifecycle import ExitCode
 from tests.support import tiny_models
 from tests.support.generate import PROMPTS
-from tests.support.server import RunningServer, start_server
+from tests.support.server import STARTUP_TIMEOUT_S, RunningServer, start_server
 
 NEW_TOKENS = 32
 TIE_GAP = 1e-4  # greedy ids may part only where transformers' top-2 logprob gap is below this
@@ -147,3 +150,22 @@ def test_a_prefix_past_the_sliding_window_is_served_from_the_radix_cache(
         [got] = serve(server.base_url, [prompt])
         assert (got.cached_tokens >= len(shared) - 1) == expect_cached, got.cached_tokens
         assert_matches(reference(checkpoints[family], prompt, NEW_TOKENS), got)
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config"),
+    ({"architectures": ["FalconForCausalLM"]}, "FalconForCausalLM"),
+], ids=["quantized", "unknown-architecture"])
+def test_what_shoal_does_not_implement_stops_the_server_naming_it(
+        checkpoints: dict[str, Path], tmp_path: Path, change: dict[str, Any], named: str
+        ) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints["mistral"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    server = start_server(tmp_path, "--model-path", str(folder), wait=False)
+    try:
+        assert server.proc.wait(timeout=STARTUP_TIMEOUT_S) == ExitCode.STARTUP_FAILED
+    finally:
+        server.stop()
+    assert named in server.log()
