@@ -163,11 +163,19 @@ class TorchNativeBackend(AttentionBackend):
 
     def _masked_keys(self, rows: torch.Tensor, queries: torch.Tensor, length: int,
                      window: int | None) -> _Keys:
-        """The keys [0, length) of the table's `rows` for the query positions `queries`
-        [rows, queries]: each sees the keys at or before it (and within `window`); slots no query
-        of a row sees point at slot 0."""
-        slots = self.req_to_token.table[rows, :length]
-        visible = _visible(torch.arange(length, device=slots.device), queries, window)
+        """The keys of the table's `rows` (each row's positions [0, length)) for the query
+        positions `queries` [rows, queries]: each sees the keys at or before it, and with a
+        `window` only its last `window`, which are all that is gathered (from each row's
+        earliest query's window on). Slots no query of a row sees point at slot 0."""
+        table = self.req_to_token.table
+        first = torch.zeros(len(rows), dtype=torch.int64, device=table.device)
+        width = length
+        if window is not None:
+            first = (queries[:, 0] - window + 1).clamp(min=0)
+            width = min(length, int((queries[:, -1] - queries[:, 0]).max()) + window)
+        keys = first[:, None] + torch.arange(width, device=table.device)
+        visible = _visible(keys, queries, window)
+        slots = table[rows[:, None], keys.clamp(max=table.shape[1] - 1)]
         slots = slots.masked_fill(~visible.any(dim=1), 0)
         return _Keys(slots, _additive(visible[:, None], self.kv_pool.k[0].dtype))
 
@@ -221,8 +229,8 @@ class TorchNativeBackend(AttentionBackend):
 
 def _visible(keys: torch.Tensor, queries: torch.Tensor, window: int | None) -> torch.Tensor:
     """[rows, queries, keys]: whether the query at each position of `queries` [rows, queries]
-    sees the key at each position of `keys` [keys]: causally, and within `window`."""
-    keys, queries = keys[None, None, :], queries[:, :, None]
+    sees the key at each position of `keys` [rows, keys]: causally, and within `window`."""
+    keys, queries = keys[:, None, :], queries[:, :, None]
     visible = keys <= queries
     return visible if window is None else visible & (keys > queries - window)
 
@@ -262,7 +270,8 @@ def _attend_fresh(fresh: _FreshRows, q: torch.Tensor, k: torch.Tensor, v: torch.
     mask = None
     if how.masks_beyond_causal:
         positions = torch.arange(fresh.length, device=q.device)
-        mask = _additive(_visible(positions, positions[None], how.sliding_window), q.dtype)
+        mask = _additive(_visible(positions[None], positions[None], how.sliding_window),
+                         q.dtype)
     out = _sdpa(by_prompt(q), by_prompt(k), by_prompt(v), mask, how, is_causal=mask is None)
     return out.transpose(1, 2).reshape(q.shape)
 
