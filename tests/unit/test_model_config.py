@@ -183,7 +183,7 @@ def test_moe_and_longrope_configs() -> None:
     assert moe.sparse_layers == (True, False, True)
     phi3 = _hf_config(architectures=["Phi3ForCausalLM"], max_position_embeddings=131072,
                       original_max_position_embeddings=4096, rope_theta=1e4,
-                      rope_scaling=dict(type="longrope", short_factor=[1.0] * 32,
+                      rope_scaling=dict(type="su", short_factor=[1.0] * 32,
                                         long_factor=[2.0] * 32))
     del phi3["rope_parameters"]
     rope = ModelConfig.from_dicts(phi3, {}).rope

@@ -214,6 +214,8 @@ def _rope_configs(architecture: str, hf: dict[str, Any], head_dim: int
 def _rope_config(hf: dict[str, Any], params: dict[str, Any], head_dim: int) -> RopeConfig:
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "su":  # early Phi-3 configs' name for longrope
+        rope_type = "longrope"
     partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
     if rope_type not in _ROPE_TYPES:
         raise UnsupportedModelError(
