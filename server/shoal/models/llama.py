@@ -9,34 +9,39 @@ and fused projections in `load_weight`.
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models import layer_kernels
+from shoal.kernels import layer_kernels
+from shoal.kernels.greedy_head import MAX_ROWS
+from shoal.kernels.interface import (
+    Attention,
+    DecodeLayer,
+    DecodeRunner,
+    GatedMLP,
+    GreedyLogits,
+    ModelKernels,
+)
+from shoal.kernels.rotary import apply_rotary
 from shoal.models.attention_backend import AttentionBackend
 from shoal.models.config import ModelConfig
 from shoal.models.forward_batch import ForwardBatch
-from shoal.models.fused_decode import FusedDecode, FusedLayer
-from shoal.models.greedy_head import MAX_ROWS, GreedyHead
 from shoal.models.layers import (
     GateUpParallelLinear,
+    Linear,
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
     RotaryEmbedding,
     RowParallelLinear,
     VocabParallelEmbedding,
-    apply_rotary,
     head_shard,
 )
 from shoal.models.loader import TensorSlice
 from shoal.models.parallel import ParallelGroup
-
-logger = logging.getLogger(__name__)
 
 # checkpoint projection -> (our fused projection, shard)
 _FUSED = {
@@ -54,7 +59,7 @@ class _WeightOwner(Protocol):
 
 class LlamaAttention(nn.Module):
     """`cpu_kernels`: the rotary embedding turns q and k in place in the q/k/v product's
-    output (`shoal.models.layer_kernels`, set by its `prepare`)."""
+    output (`shoal.kernels.layer_kernels`; a `shoal.kernels.interface.LayerOps`)."""
 
     cpu_kernels = False
 
@@ -112,14 +117,25 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         return self.mlp(hidden), residual
 
+    def declared(self) -> DecodeLayer:
+        """This layer as the kernels read it: the pre-norm form with a SwiGLU MLP."""
+        attn, qkv = self.self_attn, self.self_attn.qkv_proj
+        return DecodeLayer(
+            input_norm=self.input_layernorm.declared(), qkv=qkv, qkv_bias=qkv.bias,
+            o=attn.o_proj, o_bias=attn.o_proj.bias,
+            post_attention_norm=self.post_attention_layernorm.declared(),
+            attention=Attention(heads=qkv.num_heads, kv_heads=qkv.num_kv_heads,
+                                head_dim=attn.head_dim, rotary_dim=attn.head_dim,
+                                scale=attn.head_dim ** -0.5),
+            mlp=GatedMLP(self.mlp.gate_up_proj, self.mlp.down_proj, "silu"))
+
 
 class LlamaForCausalLM(nn.Module):
-    """`fused_decode`: decode batches run their layers one kernel call each
-    (`shoal.models.fused_decode`, set by `prepare_fused_decode`) where the attention backend
-    lends the K/V in place."""
+    """A `shoal.kernels.interface.KernelModel`: `fused_decode` and `greedy_head` are set by
+    `shoal.kernels.prepare` from what `kernel_spec` declares."""
 
-    fused_decode: FusedDecode | None = None
-    greedy_head: GreedyHead | None = None
+    fused_decode: DecodeRunner | None = None
+    greedy_head: GreedyLogits | None = None
 
     def __init__(self, config: ModelConfig, tp: ParallelGroup, start_layer: int,
                  end_layer: int) -> None:
@@ -172,28 +188,12 @@ class LlamaForCausalLM(nn.Module):
             return self.greedy_head.logits(hidden)
         return self.lm_head(hidden)
 
-    def prepare_fused_decode(self) -> None:
-        """Run decode steps fused (once the linear kernels are prepared, their panels packed);
-        a model whose shapes the fused decode does not take runs them op by op, logged."""
-        first = self.layers[0].self_attn.qkv_proj
-        try:
-            layers = [FusedLayer.of(layer) for layer in self.layers]
-        except ValueError as e:
-            logger.info("decode runs op by op: %s", e)
-            return
-        panels = sum(w.nbytes for layer in layers
-                     for w in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        logger.info("fused decode on the layers' panels: %.0f MiB", panels / 2**20)
-        self.fused_decode = FusedDecode(layers, first.num_heads, first.num_kv_heads,
-                                        self.config.rms_norm_eps)
-
-    def prepare_greedy_head(self) -> None:
-        """Screen the LM head of steps that read only argmaxes (`shoal.models.greedy_head`)."""
-        if self.lm_head is None:
-            return
-        self.greedy_head = GreedyHead.of(self.lm_head.weight[:self.lm_head.vocab_size])
-        logger.info("greedy steps' LM head screened by an int8 copy: %.0f MiB",
-                    self.greedy_head.nbytes / 2**20)
+    def kernel_spec(self) -> ModelKernels:
+        return ModelKernels(
+            linears=[m for m in self.modules() if isinstance(m, Linear)],
+            layer_ops=[m for m in self.modules() if isinstance(m, RMSNorm | LlamaAttention)],
+            decode_layers=[cast(LlamaDecoderLayer, layer).declared() for layer in self.layers],
+            lm_head=self.lm_head, vocab_size=self.config.vocab_size)
 
     def load_weight(self, name: str, source: TensorSlice) -> list[str]:
         """Copy checkpoint tensor `name` into the parameters this stage and rank own."""
