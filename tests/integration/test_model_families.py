@@ -28,8 +28,10 @@ from tests.support.server import STARTUP_TIMEOUT_S, RunningServer, start_server
 NEW_TOKENS = 32
 TIE_GAP = 1e-4  # greedy ids may part only where transformers' top-2 logprob gap is below this
 LOGPROB_TOLERANCE = 1e-3
-# each family's server with the flags of its run; tp2: the MoE family and a dense one
-RUNS = [(family, ()) for family in tiny_models.SERVED] + [
+# each family's server with the flags of its run: the kernels on (auto) and off; tp 2 for the MoE
+# family and a dense one
+RUNS = [(family, flags) for family in tiny_models.SERVED
+        for flags in ((), ("--cpu-kernels", "torch"))] + [
     ("qwen2-moe", ("--tp", "2")), ("gemma2", ("--tp", "2"))]
 
 

@@ -1,5 +1,5 @@
 """TorchNativeBackend against a plain per-request softmax attention over the same K/V, with
-decode rows attending in place (`shoal.engine.decode_attention`) and through SDPA, for full
+decode rows attending in place (`shoal.kernels.decode_attention`) and through SDPA, for full
 layers and for layers with a scale, a sliding window and soft-capped scores."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal.engine import decode_attention
 from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool
+from shoal.kernels import decode_attention
 from shoal.models.attention_backend import FULL_ATTENTION, LayerAttention
 from shoal.models.forward_batch import ForwardBatch
 
@@ -86,16 +86,14 @@ def test_backend_matches_reference(extend_lens: list[int], prefix_lens: list[int
 
 
 def test_in_place_decode_runs_on_this_host() -> None:
-    """The CPU path the engine takes by default: a host where it cannot run would silently fall
-    back to SDPA, so the CI host proves it runs (and the backend picks it)."""
+    """The CPU path the engine takes by default (`shoal.kernels.prepare` asks `usable`): a host
+    where it cannot run would silently fall back to SDPA, so the CI host proves it runs."""
     assert decode_attention.usable()
-    pool = KVPool(1, 8, NUM_KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
-    assert TorchNativeBackend(pool, ReqToTokenPool(2, 8, torch.device("cpu"))).in_place_decode
 
 
 def test_in_place_decode_needs_cpu_float32_pools() -> None:
     pool = KVPool(1, 8, NUM_KV_HEADS, HEAD_DIM, torch.bfloat16, torch.device("cpu"))
     req_to_token = ReqToTokenPool(2, 8, torch.device("cpu"))
-    assert not TorchNativeBackend(pool, req_to_token).in_place_decode
+    assert not TorchNativeBackend(pool, req_to_token, in_place_decode=False).in_place_decode
     with pytest.raises(ValueError, match="CPU float32"):
         TorchNativeBackend(pool, req_to_token, in_place_decode=True)

@@ -164,15 +164,6 @@ def test_sliding_window_layers(overrides: dict[str, Any], windows: tuple[int | N
     assert ModelConfig.from_dicts(hf, {}).layer_windows == windows
 
 
-def test_the_llama_model_serves_only_llama_layers() -> None:
-    """A Llama-architecture config with anything Llama's layers lack runs on the decoder."""
-    from shoal.models import DecoderForCausalLM, LlamaForCausalLM, model_class_for
-
-    assert model_class_for(ModelConfig.from_dicts(_hf_config(), {})) is LlamaForCausalLM
-    windowed = _hf_config(sliding_window=64, num_hidden_layers=2)
-    assert model_class_for(ModelConfig.from_dicts(windowed, {})) is DecoderForCausalLM
-
-
 def test_moe_and_longrope_configs() -> None:
     qwen2_moe = _hf_config(architectures=["Qwen2MoeForCausalLM"], num_hidden_layers=3,
                            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shoal.config import CpuKernels
 from shoal.models import DecoderForCausalLM
 from shoal.models.loader import INDEX_FILE, checkpoint_files
 from tests.support import tiny_models
@@ -35,9 +36,11 @@ def _hf_last_logits(path: Path, prompts: list[list[int]]) -> torch.Tensor:
     return torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts])
 
 
+@pytest.mark.parametrize("cpu_kernels", ["auto", "torch"])
 @pytest.mark.parametrize("family", sorted(tiny_models.FAMILIES))
-def test_prefill_logits_match_transformers(checkpoints: dict[str, Path], family: str) -> None:
-    runner = _make_runner(checkpoints[family])
+def test_prefill_logits_match_transformers(checkpoints: dict[str, Path], family: str,
+                                           cpu_kernels: CpuKernels) -> None:
+    runner = _make_runner(checkpoints[family], cpu_kernels=cpu_kernels)
     assert isinstance(runner.model, DecoderForCausalLM)
     _, logits = _Driver(runner).prefill(PROMPTS)
     torch.testing.assert_close(logits, _hf_last_logits(checkpoints[family], PROMPTS),

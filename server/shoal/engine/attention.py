@@ -1,6 +1,6 @@
 """Attention over the paged KV pool: the torch implementation of `AttentionBackend`
 (`shoal.models.attention_backend` states the contract), with decode rows on CPU float32 attending
-in place (`shoal.engine.decode_attention`)."""
+in place (`shoal.kernels.decode_attention`) where `shoal.kernels.prepare` chose it."""
 
 from __future__ import annotations
 
@@ -9,14 +9,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from shoal.engine import decode_attention
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool
-from shoal.models.attention_backend import (
-    FULL_ATTENTION,
-    AttentionBackend,
-    LayerAttention,
-    PagedDecode,
-)
+from shoal.kernels import decode_attention
+from shoal.kernels.interface import PagedDecode
+from shoal.models.attention_backend import FULL_ATTENTION, AttentionBackend, LayerAttention
 from shoal.models.forward_batch import ForwardBatch
 
 
@@ -70,8 +66,9 @@ class _FreshRows:
 
 
 class TorchNativeBackend(AttentionBackend):
-    """Decode rows together in one call: in place where `in_place_decode` (CPU float32 pools
-    and the kernel runs here), else `scaled_dot_product_attention` over their gathered K/V;
+    """Decode rows together in one call: in place where `in_place_decode` (CPU float32 pools;
+    `shoal.kernels.prepare` says whether the kernel runs here), else
+    `scaled_dot_product_attention` over their gathered K/V;
     adjacent whole prompts of one length (nothing cached before them) in one SDPA call over the
     forward's own K/V; every other extend row (a chunk after a prefix) in its own call.
 
@@ -79,18 +76,13 @@ class TorchNativeBackend(AttentionBackend):
     scores) gathers its decode rows' keys too, masked to its window, built once per forward and
     window; soft-capped scores are computed without SDPA, which has no cap."""
 
-    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool,
-                 in_place_decode: bool | None = None) -> None:
-        """`in_place_decode` None: wherever the pools allow it and the kernel runs here."""
+    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool, in_place_decode: bool
+                 ) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         cpu_float32 = kv_pool.k[0].device.type == "cpu" and kv_pool.k[0].dtype == torch.float32
-        if in_place_decode is None:
-            in_place_decode = cpu_float32 and decode_attention.usable()
-        elif in_place_decode and not cpu_float32:
+        if in_place_decode and not cpu_float32:
             raise ValueError("in-place decode attention needs CPU float32 KV pools")
-        elif in_place_decode and not decode_attention.usable():
-            raise ValueError("the in-place decode attention kernel does not run on this host")
         self.in_place_decode = in_place_decode
         self._out_cache_loc = torch.empty(0, dtype=torch.int64)
         self._decode: _DecodeRows | None = None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shoal.kernels.interface import PagedDecode
 from shoal.models.forward_batch import ForwardBatch
 
 
@@ -36,21 +37,6 @@ class LayerAttention:
 
 
 FULL_ATTENTION = LayerAttention()
-
-
-@dataclass(frozen=True)
-class PagedDecode:
-    """A decode batch's K/V where they lie, for a kernel that writes and reads them in place
-    (`shoal.models.fused_decode`): per layer the pool buffers k / v [slots, kv_heads, head_dim],
-    the request -> token table, and per row its request's row of the table, its sequence length
-    (the new token included) and its new token's slot."""
-
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
-    table: torch.Tensor
-    rows: torch.Tensor
-    seq_lens: torch.Tensor
-    out_cache_loc: torch.Tensor
 
 
 class AttentionBackend(ABC):

@@ -106,7 +106,7 @@ class ModelConfig:
 
     @property
     def attention_scale(self) -> float:
-        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+        return 1.0 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
 
     @classmethod
     def _from_checked(cls, architecture: str, hf: dict[str, Any], generation: dict[str, Any]
@@ -183,7 +183,9 @@ def _layer_windows(architecture: str, hf: dict[str, Any], num_layers: int
         raise UnsupportedModelError(
             f"layer_types {layer_types!r}: expected {num_layers} of {_LAYER_TYPES}")
     window = hf.get("sliding_window")
-    if _LAYER_TYPES[1] in layer_types and not window:
+    if _LAYER_TYPES[1] not in layer_types:
+        return (None,) * num_layers
+    if not window:
         raise UnsupportedModelError(
             f"sliding_window={window!r} with sliding-window layers (layer_types or "
             "use_sliding_window); a positive window is needed")

@@ -11,7 +11,6 @@ map to this stage's local layers and fused projections in `load_weight`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol, cast
@@ -20,13 +19,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.kernels import layer_kernels
+from shoal.kernels.greedy_head import MAX_ROWS
+from shoal.kernels.interface import (
+    Activation,
+    Attention,
+    DecodeLayer,
+    DecodeRunner,
+    GatedMLP,
+    GreedyLogits,
+    ModelKernels,
+)
 from shoal.models.attention_backend import AttentionBackend, LayerAttention
 from shoal.models.config import ModelConfig
 from shoal.models.families import FAMILIES, Family
 from shoal.models.forward_batch import ForwardBatch
-from shoal.models.greedy_head import MAX_ROWS, GreedyHead
 from shoal.models.layers import (
     GateUpParallelLinear,
+    Linear,
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
@@ -39,12 +49,11 @@ from shoal.models.moe import SparseMoe
 from shoal.models.parallel import ParallelGroup
 from shoal.models.rotary import Rotary
 
-logger = logging.getLogger(__name__)
-
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
 }
+_DECLARED_ACTIVATIONS: dict[str, Activation] = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 # checkpoint projection -> (our fused projection, shard)
 _FUSED = {
     "q_proj": ("qkv_proj", "q"),
@@ -91,7 +100,13 @@ class _RowsFrom:
                             *rest)]
 
 
-class Attention(nn.Module):
+class SelfAttention(nn.Module):
+    """`cpu_kernels`: where the rotary embedding turns whole heads of q and k with no head norm
+    before it, it does so in place in the q/k/v product's output
+    (`shoal.kernels.layer_kernels`; a `shoal.kernels.interface.LayerOps`)."""
+
+    cpu_kernels = False
+
     def __init__(self, config: ModelConfig, family: Family, layer: int, local: int,
                  tp: ParallelGroup, rotary: Rotary) -> None:
         super().__init__()
@@ -119,25 +134,40 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionBackend) -> torch.Tensor:
         heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)
         q_heads, kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        q, k, v = heads.split((q_heads, kv_heads, kv_heads), dim=1)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope[self.local_rope]
-        q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+        if self.cpu_kernels and self.q_norm is None and self.rotary.dim == self.head_dim:
+            layer_kernels.rotate_(heads, q_heads + kv_heads, cos, sin)
+            q, k, v = heads.split((q_heads, kv_heads, kv_heads), dim=1)
+        else:
+            q, k, v = heads.split((q_heads, kv_heads, kv_heads), dim=1)
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
         out = attn.forward(self.layer_id, q, k, v, self.how)
-        return self.o_proj(out.flatten(1))
+        return cast(torch.Tensor, self.o_proj(out.flatten(1)))
+
+    def declared(self) -> Attention:
+        qkv = self.qkv_proj
+        return Attention(
+            heads=qkv.num_heads, kv_heads=qkv.num_kv_heads, head_dim=self.head_dim,
+            rotary_dim=self.rotary.dim,
+            scale=self.head_dim ** -0.5 if self.how.scale is None else self.how.scale,
+            q_norm=None if self.q_norm is None else self.q_norm.declared(),
+            k_norm=None if self.k_norm is None else self.k_norm.declared(),
+            sliding_window=self.how.sliding_window, logit_softcap=self.how.softcap)
 
 
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig, tp: ParallelGroup) -> None:
         super().__init__()
         self.act = _ACTIVATIONS[config.hidden_act]
+        self.activation = _DECLARED_ACTIVATIONS[config.hidden_act]
         self.gate_up_proj = GateUpParallelLinear(config.hidden_size, config.intermediate_size, tp)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, False, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return cast(torch.Tensor, self.down_proj(self.act(gate) * up))
 
 
 class DecoderLayer(nn.Module):
@@ -147,7 +177,7 @@ class DecoderLayer(nn.Module):
         norm = GemmaRMSNorm if family.gemma else RMSNorm
         self.gemma = family.gemma
         self.input_layernorm = norm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, family, layer, local, tp, rotary)
+        self.self_attn = SelfAttention(config, family, layer, local, tp, rotary)
         self.post_attention_layernorm = norm(config.hidden_size, config.rms_norm_eps)
         if family.gemma:
             self.pre_feedforward_layernorm = norm(config.hidden_size, config.rms_norm_eps)
@@ -171,12 +201,33 @@ class DecoderLayer(nn.Module):
         hidden, residual = self.pre_feedforward_layernorm.add_and_norm(hidden, residual)
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
+    def declared(self) -> DecodeLayer:
+        """This layer as the kernels read it (`shoal.kernels.interface.DecodeLayer`)."""
+        attn, qkv = self.self_attn, self.self_attn.qkv_proj
+        other = []
+        if self.gemma:
+            other.append("norms after attention and after the MLP")
+        if attn.local_rope:
+            other.append("a rotary embedding of its own")
+        mlp = None
+        if isinstance(self.mlp, MLP):
+            mlp = GatedMLP(self.mlp.gate_up_proj, self.mlp.down_proj, self.mlp.activation)
+        pre_mlp_norm = self.pre_feedforward_layernorm if self.gemma else (
+            self.post_attention_layernorm)
+        return DecodeLayer(
+            input_norm=self.input_layernorm.declared(), qkv=qkv, qkv_bias=qkv.bias,
+            o=attn.o_proj, o_bias=attn.o_proj.bias, post_attention_norm=pre_mlp_norm.declared(),
+            attention=attn.declared(), mlp=mlp, other=tuple(other))
+
 
 class DecoderForCausalLM(nn.Module):
     """The last stage returns logits at `batch.logits_at` (soft-capped where the config says);
-    the others (hidden, residual) for the next stage."""
+    the others (hidden, residual) for the next stage. A `shoal.kernels.interface.KernelModel`:
+    `fused_decode` and `greedy_head` are set by `shoal.kernels.prepare` from what `kernel_spec`
+    declares."""
 
-    greedy_head: GreedyHead | None = None
+    fused_decode: DecodeRunner | None = None
+    greedy_head: GreedyLogits | None = None
 
     def __init__(self, config: ModelConfig, tp: ParallelGroup, start_layer: int,
                  end_layer: int) -> None:
@@ -226,8 +277,13 @@ class DecoderForCausalLM(nn.Module):
         rope = {False: self.rotary.cos_sin(batch.positions, hidden.dtype)}
         rope[True] = (rope[False] if self.local_rotary is self.rotary
                       else self.local_rotary.cos_sin(batch.positions, hidden.dtype))
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, rope, attn)
+        paged = attn.paged_decode() if self.fused_decode is not None else None
+        if paged is not None:
+            assert self.fused_decode is not None
+            hidden, residual = self.fused_decode.forward(hidden, residual, *rope[False], paged)
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, rope, attn)
         assert residual is not None
         if self.norm is None or self.lm_head is None:
             return hidden, residual
@@ -240,16 +296,17 @@ class DecoderForCausalLM(nn.Module):
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def prepare_fused_decode(self) -> None:
-        """The fused decode kernel takes Llama's layers only: these run op by op."""
-        logger.info("decode runs op by op: the fused decode kernel takes Llama layers only")
-
-    def prepare_greedy_head(self) -> None:
-        """Screen the LM head of steps that read only argmaxes (`shoal.models.greedy_head`);
-        the final soft-cap is monotonic, so the argmax is the uncapped one."""
-        if self.lm_head is None:
-            return
-        self.greedy_head = GreedyHead.of(self.lm_head.weight[:self.lm_head.vocab_size])
+    def kernel_spec(self) -> ModelKernels:
+        """What the kernels may take: the linear layers, the norms and attention layers' small
+        steps (not the per-head q/k norms), the layers as declared. A greedy step's LM head may
+        be screened: the final soft-cap is monotonic, so it keeps the argmax."""
+        return ModelKernels(
+            linears=[m for m in self.modules() if isinstance(m, Linear)],
+            layer_ops=[m for m in self.modules()
+                       if isinstance(m, RMSNorm | SelfAttention)
+                       and not isinstance(m, HeadRMSNorm)],
+            decode_layers=[cast(DecoderLayer, layer).declared() for layer in self.layers],
+            lm_head=self.lm_head, vocab_size=self.config.vocab_size)
 
     def load_weight(self, name: str, source: TensorSlice) -> list[str]:
         """Copy checkpoint tensor `name` into the parameters this stage and rank own."""
@@ -284,7 +341,7 @@ class DecoderForCausalLM(nn.Module):
         config = self.config
         if projection == "qkv_proj":
             q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-            parts = (("q", 0), ("k", q), ("v", q + kv))
+            parts: tuple[tuple[str, int], ...] = (("q", 0), ("k", q), ("v", q + kv))
         else:
             parts = (("gate", 0), ("up", config.intermediate_size))
         owner = cast(_WeightOwner, self.get_submodule(module))

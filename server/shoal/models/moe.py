@@ -54,7 +54,7 @@ class SparseMoe(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
-        for expert in experts.unique().tolist():
+        for expert in torch.unique(experts).tolist():
             tokens, choice = (experts == expert).nonzero(as_tuple=True)
             hidden = self._mlp(x[tokens], self.experts_gate_up[expert], self.experts_down[expert])
             out.index_add_(0, tokens, hidden * weights[tokens, choice, None])

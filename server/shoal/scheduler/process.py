@@ -130,7 +130,7 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
         max_running_requests=sched_config.max_running_requests,
         context_length=sched_config.context_length,
         world=ParallelGroup(rank=layout.rank, size=layout.world_size, group=groups.control),
-        threads=ctx.threads, quantization=args.quantization)
+        threads=ctx.threads, quantization=args.quantization, cpu_kernels=args.cpu_kernels)
     tokenizer = load_tokenizer(model_path)
     eos_ids = set(config.eos_token_ids)
     if tokenizer.eos_token_id is not None:

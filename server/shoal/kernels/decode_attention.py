@@ -2,16 +2,16 @@
 
 The torch path (`shoal.engine.attention`) gathers each decode row's K/V into a padded copy and
 runs `scaled_dot_product_attention`, whose CPU kernel runs a pair of small GEMMs per request and
-head: at batch 32 over 256 tokens of context that is 5-6 ms of a layer on one AMD EPYC core,
-~40% of the decode step with the gathers (docs/benchmarks.md). This kernel walks each request's
+head: with the gathers, a large share of a decode step at a few dozen requests
+(docs/benchmarks.md). This kernel walks each request's
 slots in the request -> token table and computes the scores, the softmax and the weighted sum
 of V, one task per request and KV head (each K/V row read once for its GQA group: the loops are
-`shoal.models.attention_tiles`'), in parallel on as many threads as torch runs (numba's
+`shoal.kernels.attention_tiles`'), in parallel on as many threads as torch runs (numba's
 threading layer, GNU OpenMP where the system has it: a second runtime beside torch's bundled
-copy, which starts no thread when decode runs on one): ~2 ms there. It sums in another order
+copy, which starts no thread when decode runs on one). It sums in another order
 than SDPA, as every float32 kernel of the engine may; float32 only.
 
-The kernel is compiled by numba when first used (`shoal.models.numba_kernels`: a few seconds,
+The kernel is compiled by numba when first used (`shoal.kernels.numba_kernels`: a few seconds,
 then cached). Before this process relies on it, its serial build (the same code and
 instructions, no OpenMP: GNU OpenMP hangs in a child forked from a process that ran it) runs in a
 forked child (`usable`).
@@ -26,9 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shoal.models.attention_tiles import attend_group
-from shoal.models.kernel_probe import runs_and_agrees
-from shoal.models.numba_kernels import Twins
+from shoal.kernels.attention_tiles import attend_group
+from shoal.kernels.interface import Attention
+from shoal.kernels.kernel_probe import runs_and_agrees
+from shoal.kernels.numba_kernels import Twins
 
 
 def _attend(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, table: np.ndarray,
@@ -62,6 +63,19 @@ def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, table: t
             seq_lens.numpy(), np.float32(q.shape[-1] ** -0.5), out.numpy())
     _kernel.run(*args)
     return out
+
+
+def not_taken(attention: Attention) -> list[str]:
+    """What of a layer's declared attention this kernel does not compute (empty: it takes it):
+    it attends to every position of the request, scores scaled by 1 / sqrt(head_dim)."""
+    checks = [
+        (abs(attention.scale * attention.head_dim ** 0.5 - 1) > 1e-6,
+         "a score scale other than 1 / sqrt(head_dim)"),
+        (attention.sliding_window is not None, "sliding-window attention"),
+        (attention.logit_softcap is not None, "soft-capped scores"),
+        (attention.heads % attention.kv_heads != 0, "query heads not whole GQA groups"),
+    ]
+    return [what for missing, what in checks if missing]
 
 
 @functools.cache

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.models import numba_products
-from shoal.models.kernel_probe import runs_in_child
-from shoal.models.quantization import dequantize, quantize_per_channel
+from shoal.kernels import numba_products
+from shoal.kernels.kernel_probe import runs_in_child
+from shoal.kernels.quantization import dequantize, quantize_per_channel
 
 PRODUCTS = {"by_rows": numba_products.by_rows, "by_pairs": numba_products.by_pairs,
             "by_quads": numba_products.by_quads}

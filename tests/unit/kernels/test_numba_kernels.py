@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.models.numba_kernels import Twins, exp_in_place
+from shoal.kernels.numba_kernels import Twins, exp_in_place
 
 
 def _double(x: np.ndarray, out: np.ndarray) -> None:

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from shoal.models import kernel_choices, linear_kernels
-from shoal.models.layers import _Linear
-from shoal.models.linear_kernels import FLOAT_KERNELS, ROW_BUCKETS, prepare_linears
+from shoal.kernels import kernel_choices, linear_kernels
+from shoal.kernels.linear_kernels import FLOAT_KERNELS, ROW_BUCKETS, prepare_linears
+from shoal.models.layers import Linear
 
 ROWS = ((1,), (4,))
 
@@ -86,15 +86,18 @@ def test_an_unwritable_cache_keeps_nothing_and_raises_nothing(
 class _Two(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.a = _Linear()
+        self.a = Linear()
         self.a.weight = nn.Parameter(torch.randn(40, 24), requires_grad=False)
-        self.b = _Linear()
+        self.b = Linear()
         self.b.weight = nn.Parameter(torch.randn(24, 40), requires_grad=False)
+
+    def linears(self) -> list[Linear]:
+        return [self.a, self.b]
 
 
 def test_a_later_load_takes_the_kept_choice_without_measuring(
         cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = prepare_linears(_Two(), "none", threads=(1, 1))
+    first = prepare_linears(_Two().linears(), "none", threads=(1, 1))
     linear_kernels._measured_choice.cache_clear()
 
     def no_measuring(*args: object) -> None:
@@ -102,14 +105,14 @@ def test_a_later_load_takes_the_kept_choice_without_measuring(
 
     monkeypatch.setattr(linear_kernels, "measure", no_measuring)
     model = _Two()
-    assert prepare_linears(model, "none", threads=(1, 1)) == first
+    assert prepare_linears(model.linears(), "none", threads=(1, 1)) == first
     x = torch.randn(3, 24)
     torch.testing.assert_close(model.a.product(x), x @ model.a.weight.t(), rtol=1e-4, atol=1e-4)
 
 
 def test_a_kept_choice_naming_an_unusable_kernel_is_measured_again(
         cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = prepare_linears(_Two(), "none", threads=(1, 1))
+    first = prepare_linears(_Two().linears(), "none", threads=(1, 1))
     entries = json.loads((cache_dir / kernel_choices.FILE_NAME).read_text())
     for name in entries:
         entries[name] = [entries[name][0], ["gone"] * len(ROW_BUCKETS)]
@@ -123,6 +126,6 @@ def test_a_kept_choice_naming_an_unusable_kernel_is_measured_again(
         return real_measure(kernels, out, inp, threads)
 
     monkeypatch.setattr(linear_kernels, "measure", counting)
-    again = prepare_linears(_Two(), "none", threads=(1, 1))
+    again = prepare_linears(_Two().linears(), "none", threads=(1, 1))
     assert sorted(measured) == sorted(first)
     assert {c.kernels[0] for c in again.values()} <= {k.name for k in FLOAT_KERNELS}

@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.models import layer_kernels
+from shoal.kernels import layer_kernels
+from shoal.kernels.rotary import apply_rotary
 from shoal.models.config import RopeConfig
-from shoal.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from shoal.models.layers import RMSNorm, RotaryEmbedding
 
 
 @pytest.fixture
@@ -59,15 +60,10 @@ def test_rotation_in_place_matches_apply_rotary(count: int, rows: int, threads: 
     assert torch.equal(heads[:, 12:], expected[:, 12:])  # the value heads are left alone
 
 
-def _modules() -> list[torch.nn.Module]:
-    model = torch.nn.ModuleList([RMSNorm(8, 1e-6), torch.nn.Linear(2, 2)])
-    return [model, *model]
-
-
 def test_prepare_switches_cpu_float32_layers_only() -> None:
-    model, norm, linear = _modules()
-    assert layer_kernels.prepare(model, torch.device("cpu"), torch.float32)
-    assert norm.cpu_kernels and not hasattr(linear, "cpu_kernels")
-    assert not layer_kernels.prepare(model, torch.device("cpu"), torch.bfloat16)
+    norm = RMSNorm(8, 1e-6)
+    assert layer_kernels.prepare([norm], torch.device("cpu"), torch.float32)
+    assert norm.cpu_kernels
+    assert not layer_kernels.prepare([norm], torch.device("cpu"), torch.bfloat16)
     assert not norm.cpu_kernels
-    assert not layer_kernels.prepare(model, torch.device("cuda"), torch.float32)
+    assert not layer_kernels.prepare([norm], torch.device("cuda"), torch.float32)

@@ -1,10 +1,10 @@
 """The LM head of a step whose requests read only each row's argmax (greedy, nothing else asked),
 read in a quarter of the bytes and exact.
 
-At a few decode rows the LM head is what streaming its weight costs: SmolLM2-135M's [49152, 576]
-float32 head is 113 MB, a fifth of what a one-row step reads. A greedy token needs only the
-largest logit, so the head is first computed from an int8 copy of its weight (per-row scales,
-28 MB), and each row's logits are bounded: for every vocabulary row j,
+At a few decode rows the LM head is what streaming its weight costs (a small model's head is a
+large share of what a one-row step reads). A greedy token needs only the largest logit, so the
+head is first computed from an int8 copy of its weight (per-row scales, a quarter of the bytes),
+and each row's logits are bounded: for every vocabulary row j,
 
     |z_j - a_j| <= eps_j = ||x|| * (||W_j - s_j Q_j|| + gamma * (||W_j|| + s_j ||Q_j||))
                            + 2u |a_j|
@@ -15,8 +15,8 @@ size: the first term bounds the weights' rounding by Cauchy-Schwarz, the second 
 sums' rounding, the third the scale's product. The largest z is then among the candidates
 a_j + eps_j >= max_i (a_i - eps_i), whose logits are computed exactly from the float32 weight;
 every other logit is left at -inf, which an argmax never picks. The token is the one the full
-float32 head gives (its logits, up to the order float32 sums in). Over 150 greedy steps of
-SmolLM2-135M-Instruct a row had 2 candidates at the median and 22 at most (docs/benchmarks.md).
+float32 head gives (its logits, up to the order float32 sums in). A row has a few candidates
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import numba
 import numpy as np
 import torch
 
-from shoal.models.linear_kernels import int8_panels_run
-from shoal.models.panel_products import Panels, by_panels
-from shoal.models.quantization import quantize_per_channel
+from shoal.kernels.linear_kernels import int8_panels_run
+from shoal.kernels.panel_products import Panels, by_panels
+from shoal.kernels.quantization import quantize_per_channel
 
 _UNIT_ROUNDOFF = 2.0 ** -24
 # a decode step of up to this many rows takes the screened head: past it the head's products

@@ -16,10 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.engine.threads import RankThreads, forward_threads
-from shoal.models import kernel_probe, linear_kernels, panel_products
-from shoal.models.kernel_probe import runs_in_child, runs_in_children
-from shoal.models.layers import _Linear
-from shoal.models.linear_kernels import (
+from shoal.kernels import kernel_probe, linear_kernels, panel_products
+from shoal.kernels.kernel_probe import runs_in_child, runs_in_children
+from shoal.kernels.linear_kernels import (
     FLOAT_KERNELS,
     INT8_KERNELS,
     LARGE_FORWARD_TOKENS,
@@ -31,11 +30,12 @@ from shoal.models.linear_kernels import (
     choose,
     prepare_linears,
 )
-from shoal.models.panel_products import Panels
-from shoal.models.quantization import quantize_per_channel
+from shoal.kernels.panel_products import Panels
+from shoal.kernels.quantization import quantize_per_channel
+from shoal.models.layers import Linear
 
 
-class _Weighted(_Linear):
+class _Weighted(Linear):
     def __init__(self, out: int, inp: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.randn(out, inp), requires_grad=False)
@@ -49,6 +49,9 @@ class _Tied(nn.Module):
         self.head = _Weighted(300, 48)
         self.head.weight = self.embed.weight
         self.norm = nn.Parameter(torch.randn(48), requires_grad=False)
+
+    def linears(self) -> list[Linear]:
+        return [self.embed, self.proj, self.head]
 
 
 @pytest.fixture
@@ -127,7 +130,7 @@ def test_bucket_of_a_row_count(rows: int, bucket: int) -> None:
 
 def test_float_weights_keep_values_shapes_and_ties(model: _Tied) -> None:
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    choices = prepare_linears(model, "none", threads=(1, 1))
+    choices = prepare_linears(model.linears(), "none", threads=(1, 1))
     assert set(choices) == {(300, 48), (96, 48)}
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
@@ -194,9 +197,9 @@ def test_a_product_input_row_is_an_odd_number_of_cache_lines(depth: int, width: 
 
 _AVX2_BUILD = """
 import torch, torch.nn.functional as F
-from shoal.engine import decode_attention
-from shoal.models import fused_decode, panel_products
-from shoal.models.panel_products import Panels
+from shoal.kernels import decode_attention
+from shoal.kernels import fused_decode, panel_products
+from shoal.kernels.panel_products import Panels
 assert (panel_products.VECTOR, panel_products.TILE_ROWS) == (8, 6)
 weight = torch.randn(40, 43)
 for rows in (1, 2, 5, 6, 13):
@@ -235,7 +238,7 @@ def test_w8a16_stores_int8_weights_and_keeps_products_and_lookups_close(model: _
     x = torch.randn(5, 48)
     expected = F.linear(x, model.proj.weight)
     expected_rows = model.embed.weight[[3, 299]].clone()
-    prepare_linears(model, "w8a16", threads=(1, 1))
+    prepare_linears(model.linears(), "w8a16", threads=(1, 1))
     assert model.proj.weight.dtype == torch.int8 and model.embed.weight.dtype == torch.int8
     assert model.head.weight is model.embed.weight
     assert model.norm.dtype == torch.float32
@@ -251,6 +254,22 @@ def test_w8a16_stores_int8_weights_and_keeps_products_and_lookups_close(model: _
 def test_unprepared_layers_use_f_linear(model: _Tied) -> None:
     x = torch.randn(2, 48)
     assert torch.equal(model.proj.product(x), F.linear(x, model.proj.weight))
+
+
+def test_torch_only_leaves_float_weights_to_f_linear_and_dequantizes_int8(model: _Tied) -> None:
+    """`--cpu-kernels torch`: nothing measured, no weight moved; w8a16 weights run F.linear on
+    their dequantized values."""
+    weight = model.proj.weight
+    assert prepare_linears(model.linears(), "none", torch_only=True) == {}
+    assert model.proj.weight is weight and model.proj.linear_kernel is None
+    x = torch.randn(3, 48)
+    q, scale = quantize_per_channel(weight)
+    prepare_linears(model.linears(), "w8a16", torch_only=True)
+    assert model.proj.weight.dtype == torch.int8
+    kernel = model.proj.linear_kernel
+    assert isinstance(kernel, LinearKernel)
+    assert {k.name for k in kernel.kernels} == {"dequantized"}
+    torch.testing.assert_close(model.proj.product(x), F.linear(x, q.float() * scale[:, None]))
 
 
 def test_probe_child_reports_a_trapped_instruction_a_failure_and_success() -> None:
@@ -292,6 +311,6 @@ def test_large_forwards_run_on_more_threads_and_restore_the_count() -> None:
 
 def test_numpy_blas_runs_on_one_thread_once_kernels_are_chosen(model: _Tied) -> None:
     """Its idle workers would spin beside torch's OpenMP threads (linear_kernels' docstring)."""
-    prepare_linears(model, "none", threads=(2, 2))
+    prepare_linears(model.linears(), "none", threads=(2, 2))
     blas = [lib for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
     assert blas and all(lib["num_threads"] == 1 for lib in blas)

@@ -3,24 +3,22 @@
 
 A decode step of a few rows streams every weight once, so its products cost what reading the
 weights costs: int8 weights are a quarter of float32's bytes, but torch's `_weight_int8pack_mm`
-ran one row no faster than float32 OpenBLAS on an AVX2 AMD EPYC (it converts the activations to
-bfloat16, a format that host has no instruction for). These kernels read each int8 weight row
-once, widen it to float32 in registers and multiply it with float32 activations, summing in
-float32; the per-output-channel scale is applied to each sum. Per pass over the default model's
-30 layers on one core: 17-20 ms at one row against 50 ms for float32 OpenBLAS and 40 ms for
-`_weight_int8pack_mm` (docs/benchmarks.md).
+runs one row no faster than float32 on a host without bfloat16 instructions (it converts the
+activations to bfloat16). These kernels read each int8 weight row once, widen it to float32 in
+registers and multiply it with float32 activations, summing in float32; the per-output-channel
+scale is applied to each sum, and one row runs in well under float32's time
+(docs/benchmarks.md).
 
-Two blockings, chosen per row bucket by measurement (`shoal.models.linear_kernels`): `by_rows`
+Two blockings, chosen per row bucket by measurement (`shoal.kernels.linear_kernels`): `by_rows`
 takes one output channel and four rows at a time (four independent sums hide the FMA latency at
 few rows), `by_pairs` two channels and four rows (each activation load feeds two sums: ahead from
 ~16 rows).
 
 The same code takes a float32 weight (numba compiles it for that dtype; the scale is then ones):
-on one AMD EPYC core, at 4-16 rows over the default model's 576-wide inputs, `by_pairs` ran
-1.1-1.5x faster than OpenBLAS or MKL, which pack the weight for every product of a few rows
+at a few rows it can beat OpenBLAS and MKL, which pack the weight for every product
 (docs/benchmarks.md); the measurement at load decides where it is used.
 
-They are compiled by numba (`shoal.models.numba_kernels`) and run in parallel over output
+They are compiled by numba (`shoal.kernels.numba_kernels`) and run in parallel over output
 channels on torch's thread count, serially where that is one (as in a forked probe child).
 """
 
@@ -30,7 +28,7 @@ import numba
 import numpy as np
 import torch
 
-from shoal.models.numba_kernels import Twins
+from shoal.kernels.numba_kernels import Twins
 
 
 def _by_rows(x: np.ndarray, w: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:

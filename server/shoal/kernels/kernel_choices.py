@@ -1,7 +1,7 @@
 """The linear kernels chosen on this host, kept on disk so that later loads skip measuring them.
 
 Timing every candidate for each weight shape takes a few seconds of every rank's start
-(`shoal.models.linear_kernels`), and two loads of one model may choose differently within this
+(`shoal.kernels.linear_kernels`), and two loads of one model may choose differently within this
 host's noise. The choice depends on the host and the software, so it is kept under a key that
 names both: the CPU (model name and instruction-set flags), the logical CPU count, the versions
 of torch, numpy and numba, a digest of shoal's own kernel sources (an upgrade that changes a
@@ -39,8 +39,9 @@ Entry = tuple[str, tuple[str, ...]]
 
 
 # shoal's modules whose code the timed kernels are (or run them)
-KERNEL_MODULES = ("shoal.models.linear_kernels", "shoal.models.numba_products",
-                  "shoal.models.panel_products", "shoal.models.vector_ir")
+KERNEL_MODULES = ("shoal.kernels.linear_kernels", "shoal.kernels.numba_products",
+                  "shoal.kernels.panel_products", "shoal.kernels.vector_ir",
+                  "shoal.kernels.numba_kernels")
 
 
 def sources_digest(modules: tuple[str, ...]) -> str:

@@ -1,5 +1,5 @@
-"""Decode attention's loops (`shoal.models.attention_tiles`, run through
-`shoal.engine.decode_attention.attend`) against SDPA: head dimensions that are whole vectors
+"""Decode attention's loops (`shoal.kernels.attention_tiles`, run through
+`shoal.kernels.decode_attention.attend`) against SDPA: head dimensions that are whole vectors
 (the IR tiles) and one that is not (numba's loops), GQA groups smaller and larger than the tile's
 block of heads, and contexts around a block of scores and odd ones."""
 
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.engine import decode_attention
-from shoal.models.vector_ir import VECTOR
+from shoal.kernels import decode_attention
+from shoal.kernels.interface import Attention
+from shoal.kernels.vector_ir import VECTOR
 
 
 @pytest.mark.parametrize("dim", [VECTOR, 4 * VECTOR, 12])
@@ -31,3 +32,12 @@ def test_decode_attention_matches_sdpa(dim: int, heads: int, kv_heads: int) -> N
             q[r][:, None], k_pool[used].transpose(0, 1), v_pool[used].transpose(0, 1),
             enable_gqa=True)[:, 0]
         torch.testing.assert_close(out[r], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_decode_attention_takes_only_what_it_computes() -> None:
+    plain = Attention(heads=9, kv_heads=3, head_dim=64, rotary_dim=64, scale=64 ** -0.5)
+    assert decode_attention.not_taken(plain) == []
+    assert decode_attention.not_taken(Attention(9, 3, 64, 64, 0.1, sliding_window=512,
+                                                logit_softcap=30.0)) == [
+        "a score scale other than 1 / sqrt(head_dim)", "sliding-window attention",
+        "soft-capped scores"]

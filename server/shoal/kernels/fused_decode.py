@@ -1,19 +1,18 @@
 """A decode step's decoder layers on the CPU, each layer one numba call.
 
-At one decode row the products are what streaming the weights costs, yet a layer run op by op
-is ~40 torch ops and kernel calls, each with its dispatch, its tensor wrappers and its own
-parallel region: on a 2-core AMD EPYC a one-stream step took 28.7 ms op by op and 22.2 ms fused
-in float32, 15.9 and 8.6 ms in w8a16 (docs/benchmarks.md). At 16-64 rows the torch ops between
-the products (SiLU, the K/V writes, the norms' wrappers) and the handing over between torch's
-OpenMP threads and numba's cost another ~15% of a step. Here one call per layer computes the
-whole layer for a decode batch of any size: residual add and RMSNorm, the fused q/k/v product
-(and its bias), the rotary embedding, the new K/V written to their pool slots, attention over
-each request's slots where they lie in the pool (`shoal.models.attention_tiles`), the output
-product, the second norm, gate and up products, SiLU-and-multiply, and the down product, in six
-parallel regions (products a panel of output channels per task, attention over rows and KV
-heads, SiLU over rows), with an exp of its own that vectorizes.
+At one decode row the products are what streaming the weights costs, yet a layer run op by op is ~40
+torch ops and kernel calls, each with its dispatch, its tensor wrappers and its own parallel region;
+at 16-64 rows the torch ops between the products (SiLU, the K/V writes, the norms' wrappers) and the
+handing over between torch's OpenMP threads and numba's cost a share of the step too
+(docs/cpu-kernels.md, measured in docs/benchmarks.md). Here one call per layer computes the whole
+layer for a decode batch of any size: residual add and RMSNorm, the fused q/k/v product (and its
+bias), the rotary embedding, the new K/V written to their pool slots, attention over each request's
+slots where they lie in the pool (`shoal.kernels.attention_tiles`), the output product, the second
+norm, gate and up products, SiLU-and-multiply, and the down product, in six parallel regions
+(products a panel of output channels per task, attention over rows and KV heads, SiLU over rows),
+with an exp of its own that vectorizes.
 
-The products read each weight's panels (`shoal.models.panel_products`, the copy packed at load
+The products read each weight's panels (`shoal.kernels.panel_products`, the copy packed at load
 for the panel kernels: float32 or int8 with a float32 scale per channel; at every row count from
 one, as fast as or faster than shoal's other kernels on the row-major weight), in tiles of up to
 six rows with AVX2, 24 with AVX-512, each product's input in rows padded to
@@ -21,30 +20,32 @@ six rows with AVX2, 24 with AVX-512, each product's input in rows padded to
 float32 on the CPU run the layers op by op. The kernel sums in another order than torch, as
 every float32 kernel of the engine may.
 
-Compiled by numba (`shoal.models.numba_kernels`: serial and parallel builds, cached; ~15-30 s
-the first time on two cores). `enabled_for` says where the engine uses it: where its serial build
-runs in a forked child and it agrees with the layer computed op by op on a small random layer.
+Compiled by numba (`shoal.kernels.numba_kernels`: serial and parallel builds, cached; the first
+compile is long). `enabled_for` says where the engine may use it: where its serial build runs in
+a forked child and it agrees with the layer computed op by op on a small random layer;
+`FusedDecode.of` takes the layers a model declares (`not_taken`: what it does not compute).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from shoal.models.attention_backend import PagedDecode
-from shoal.models.attention_tiles import attend_group
-from shoal.models.kernel_probe import runs_and_agrees
-from shoal.models.layers import apply_rotary
-from shoal.models.linear_kernels import LinearKernel
-from shoal.models.numba_kernels import Twins, exp_in_place
-from shoal.models.panel_products import PANEL, TILE_ROWS, Panels, panel_rows, row_width
-from shoal.models.quantization import dequantize, quantize_per_channel
+from shoal.kernels import decode_attention
+from shoal.kernels.attention_tiles import attend_group
+from shoal.kernels.interface import DecodeLayer, KernelLinear, PagedDecode
+from shoal.kernels.kernel_probe import runs_and_agrees
+from shoal.kernels.linear_kernels import LinearKernel
+from shoal.kernels.numba_kernels import Twins, exp_in_place
+from shoal.kernels.panel_products import PANEL, TILE_ROWS, Panels, panel_rows, row_width
+from shoal.kernels.quantization import dequantize, quantize_per_channel
+from shoal.kernels.rotary import apply_rotary
 
 # The probe child's limit: its serial build compiles in ~10-30 s the first time on two cores
 # (the cache serves later loads), longer on a busy host.
@@ -160,8 +161,9 @@ def _decode_layer(hidden: np.ndarray, residual: np.ndarray, first: bool, eps: np
 _kernel = Twins(_decode_layer)
 
 
-def _panels(kernel: LinearKernel | None) -> Panels:
-    assert kernel is not None, "the linear kernels are prepared before the fused decode"
+def _panels(linear: KernelLinear) -> Panels:
+    kernel = linear.linear_kernel
+    assert isinstance(kernel, LinearKernel), "the linear kernels are prepared first"
     return kernel.stored.pack_panels()
 
 
@@ -190,16 +192,28 @@ class FusedLayer:
                              f"{PANEL} and gate / up halves as wide as the down product's input")
 
     @classmethod
-    def of(cls, layer: nn.Module) -> FusedLayer:
-        """From a `shoal.models.llama.LlamaDecoderLayer` whose linear kernels are prepared (its
-        weights' panels packed now where no kernel packed them)."""
-        attn, mlp = layer.self_attn, layer.mlp
-        return cls(norm1=_array(layer.input_layernorm.weight),
-                   qkv=_panels(attn.qkv_proj.linear_kernel), qkv_bias=_array(attn.qkv_proj.bias),
-                   o=_panels(attn.o_proj.linear_kernel), o_bias=_array(attn.o_proj.bias),
-                   norm2=_array(layer.post_attention_layernorm.weight),
-                   gate_up=_panels(mlp.gate_up_proj.linear_kernel),
-                   down=_panels(mlp.down_proj.linear_kernel))
+    def of(cls, layer: DecodeLayer) -> FusedLayer:
+        """From a layer the kernel takes (`not_taken` empty) whose linear kernels are prepared
+        (its weights' panels packed now where no kernel packed them)."""
+        assert layer.mlp is not None
+        return cls(norm1=_array(layer.input_norm.weight), qkv=_panels(layer.qkv),
+                   qkv_bias=_array(layer.qkv_bias), o=_panels(layer.o),
+                   o_bias=_array(layer.o_bias), norm2=_array(layer.post_attention_norm.weight),
+                   gate_up=_panels(layer.mlp.gate_up), down=_panels(layer.mlp.down))
+
+
+def not_taken(layer: DecodeLayer) -> list[str]:
+    """What of a declared layer this kernel does not compute (empty: it takes the layer)."""
+    attention, mlp = layer.attention, layer.mlp
+    checks = [
+        (attention.rotary_dim != attention.head_dim, "rotary embedding on part of each head"),
+        (attention.q_norm is not None or attention.k_norm is not None, "q/k norms"),
+        (mlp is None, "no dense gated MLP"),
+        (mlp is not None and mlp.activation != "silu", "an MLP activation other than SiLU"),
+        (layer.input_norm.eps != layer.post_attention_norm.eps, "norms of different eps"),
+    ]
+    return (decode_attention.not_taken(attention)
+            + [what for missing, what in checks if missing] + list(layer.other))
 
 
 class FusedDecode:
@@ -210,11 +224,28 @@ class FusedDecode:
         self.heads, self.kv_heads = heads, kv_heads
         self.eps = np.float32(eps)
 
+    @classmethod
+    def of(cls, layers: Sequence[DecodeLayer]) -> FusedDecode:
+        """The kernel over declared layers whose linear kernels are prepared; ValueError naming
+        what it does not take where it does not take every layer alike."""
+        if not layers:
+            raise ValueError("no decoder layers declared")
+        for index, layer in enumerate(layers):
+            missing = not_taken(layer)
+            if missing:
+                raise ValueError(f"layer {index} has {', '.join(missing)}")
+        first = layers[0]
+        shape = (first.attention.heads, first.attention.kv_heads, first.input_norm.eps)
+        if any((layer.attention.heads, layer.attention.kv_heads, layer.input_norm.eps) != shape
+               for layer in layers):
+            raise ValueError("layers of different head counts or norm eps")
+        return cls([FusedLayer.of(layer) for layer in layers], *shape)
+
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor, paged: PagedDecode) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer on decode rows hidden [rows, size] (residual None before the first
         layer): the (hidden, residual) the layers run op by op return; cos / sin [rows, 1,
-        head_dim] as `RotaryEmbedding.cos_sin` gives them."""
+        head_dim] as the model's rotary embedding gives them."""
         rows = hidden.shape[0]
         cos_a, sin_a = cos.reshape(rows, -1).numpy(), sin.reshape(rows, -1).numpy()
         shared = (paged.table.numpy(), paged.rows.numpy(), paged.seq_lens.numpy(),

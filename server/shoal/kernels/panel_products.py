@@ -1,9 +1,8 @@
 """Products of many rows on the CPU over a weight packed into panels, float32 or int8.
 
 A decode batch of 16-64 rows (and a prefill chunk) is bound by its multiply-adds, not by reading
-the weights, and the libraries' kernels reached about half of what two cores can do there: on a
-2-core AVX2 AMD EPYC, oneDNN on its packed weight ran 55-100 GFLOPS at 16-64 rows, MKL 39-65,
-against ~150 for OpenBLAS on a 512-row product (docs/benchmarks.md). This is the register-blocked
+the weights, and the libraries' kernels reach well under what the cores can do there, against
+what the same libraries reach on a large product (docs/benchmarks.md). This is the register-blocked
 kernel such libraries use for large products, sized for these: the weight [out, in] is packed
 once, at load, into panels of `PANEL` output channels, each panel [in, PANEL] so that one step
 over the input dimension reads `PANEL` consecutive weights; a tile of up to `TILE_ROWS` rows
@@ -12,8 +11,7 @@ and multiplies it with the panel's step (two vectors of eight with AVX2, one of 
 AVX-512), `TILE_ROWS` x `PANEL_VECTORS` vector multiply-adds for `PANEL_VECTORS` vector loads
 and `TILE_ROWS` broadcasts. A tile of a few rows (a decode step of one to a few streams) has too
 few sums to keep the multiply-adds busy, so it sums the input dimension in several lanes, added
-at the end: at one row on an Intel Xeon with AVX-512 that took an int8 product from ~17 to ~26
-GB/s of weights, the one-row LM head from 2.7 to 1.6 ms (docs/benchmarks.md). No sum needs a
+at the end (faster streaming at one row, docs/benchmarks.md). No sum needs a
 horizontal add, and while a tile of `_FETCH_ROWS` rows or more runs, the same thread's next panel
 is fetched from memory ahead of its use (a tile of fewer streams the panels faster on the CPU's
 own prefetchers alone).
@@ -22,8 +20,8 @@ The tile is written in LLVM IR (`_tile`, a numba intrinsic): numba's loops do no
 vector sums in registers. An int8 panel is widened to float32 in registers as it is read, and a
 tile's sums are multiplied by the per-channel scale as they are stored (ones for float32
 weights), so an int8 weight takes float32 activations and sums in float32 as
-`shoal.models.numba_products` does. The panels run in parallel over torch's thread count
-(`shoal.models.numba_kernels.Twins`); the sums are taken in another order than `F.linear`'s.
+`shoal.kernels.numba_products` does. The panels run in parallel over torch's thread count
+(`shoal.kernels.numba_kernels.Twins`); the sums are taken in another order than `F.linear`'s.
 """
 
 from __future__ import annotations
@@ -39,8 +37,8 @@ from numba.core import cgutils
 from numba.core import types as numba_types
 from numba.extending import intrinsic
 
-from shoal.models.numba_kernels import Twins
-from shoal.models.vector_ir import (
+from shoal.kernels.numba_kernels import Twins
+from shoal.kernels.vector_ir import (
     F32,
     I32,
     VEC,
@@ -57,8 +55,8 @@ from shoal.models.vector_ir import (
 # A panel is PANEL output channels wide: PANEL_VECTORS vector registers of VECTOR floats. With
 # AVX2, 6 x 2 sums, two weight vectors and a broadcast fill 15 of its 16 256-bit registers; with
 # AVX-512 a panel is one register, and 24 rows' sums and the weight vector fit in its 32 (each
-# broadcast a memory operand of its multiply-add). On a 2-core Intel Xeon with AVX-512, 16-64
-# rows ran 1.4-1.6x faster with AVX-512's tile than with AVX2's (docs/benchmarks.md).
+# broadcast a memory operand of its multiply-add): faster than AVX2's tile where AVX-512 runs
+# (docs/benchmarks.md).
 PANEL = 16
 TILE_ROWS = 24 if VECTOR == 16 else 6
 PANEL_VECTORS = PANEL // VECTOR
@@ -68,13 +66,12 @@ PANEL_VECTORS = PANEL // VECTOR
 _CHAINS = 8
 _LINE = 64
 # A tile of fewer rows asks for no panel ahead: it streams the weights, and the CPU's own
-# prefetchers keep up with that better alone. On a 2-core AMD EPYC (Zen 4), over 30 layers'
-# distinct weights, asking for the next panel made one row 9-22% slower (float32; int8 12%), two
-# rows 4% slower, three rows 6% faster and four rows 22% faster (docs/benchmarks.md).
+# prefetchers keep up with that better alone: measured, asking for the next panel slowed one and
+# two rows and sped up three and more (docs/benchmarks.md).
 _FETCH_ROWS = 3
 _LINE_FLOATS = _LINE // 4
-# Rows that share an L1 set evict each other only once they outnumber its ways (8 on Zen 4 and
-# on Intel's cores): `by_panels` copies fewer rows than that into padded rows for nothing.
+# Rows that share an L1 set evict each other only once they outnumber its ways (8 on current
+# AMD and Intel cores): `by_panels` copies fewer rows than that into padded rows for nothing.
 _WAYS = 8
 
 
@@ -225,9 +222,9 @@ def row_width(depth: int) -> int:
     """How many floats a row of a product's input takes in memory for `depth` values: whole
     cache lines, an odd number of them. A tile reads one value of each of its rows at a time;
     rows a multiple of two lines apart fall in a few of the L1 cache's sets and evict each other
-    (1,536 floats, three 4 KiB pages for two rows, in two of 64 sets): on a 2-core AMD EPYC (Zen
-    4) the MLP's down product ran 121-139 GFLOPS at 24-64 rows on rows 1,536 floats long, 204-214
-    on rows 1,552 long (docs/benchmarks.md)."""
+    (1,536 floats, three 4 KiB pages for two rows, in two of 64 sets), which made the MLP's
+    down product much slower on rows 1,536 floats long than on rows 1,552 long
+    (docs/benchmarks.md)."""
     lines = (depth + _LINE_FLOATS - 1) // _LINE_FLOATS
     return (lines | 1) * _LINE_FLOATS
 

@@ -3,8 +3,8 @@
 With 4 KiB pages a step that reads all of a model's weights, or each request's K/V rows scattered
 over the pool, misses the TLB on most pages it touches; the kernel backs a region with 2 MiB pages
 where it is asked to (`madvise(MADV_HUGEPAGE)`, which hosts whose transparent huge pages are in
-`madvise` mode require). Weights streamed in one arena: ~10% of a one-stream decode step; decode
-attention over 64 requests' K/V laid out as serving lays them: ~20% (docs/benchmarks.md).
+`madvise` mode require). Both the weights streamed from one arena and decode attention over
+K/V laid out as serving lays them run measurably faster so (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ one float32 scale, symmetric around zero: w ~ q * scale, scale = max|row| / 127.
 
 Only the linear weights (and the embedding, which shares the LM head's weight when tied) are
 quantized; norms, the residual stream, attention and the KV cache stay in the model's dtype. How
-the int8 products run is `shoal.models.linear_kernels`' business.
+the int8 products run is `shoal.kernels.linear_kernels`' business.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.ipc.messages import LogprobParams
-from shoal.models.greedy_head import GreedyHead
+from shoal.kernels.greedy_head import GreedyHead
 from tests.support.scheduler import make_scheduler, request, run_until_idle
 
 

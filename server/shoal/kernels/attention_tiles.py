@@ -1,10 +1,10 @@
 """Decode attention over the paged KV pool on the CPU: one request's query heads of one KV head
 (a GQA group) against the K/V rows in its slots, for the fused decode layer
-(`shoal.models.fused_decode`) and the op-by-op decode attention (`shoal.engine.decode_attention`).
+(`shoal.kernels.fused_decode`) and the op-by-op decode attention (`shoal.kernels.decode_attention`).
 
 Written as numba loops, the scores took a dot product per (token, head), each ending in a
 horizontal sum of a vector, and the weighted sum of V loaded and stored each head's output for
-every token. Here, in LLVM IR (numba intrinsics, as `shoal.models.panel_products` writes its
+every token. Here, in LLVM IR (numba intrinsics, as `shoal.kernels.panel_products` writes its
 tile):
 
 - the scores of `VECTOR` tokens at a time: one head's query, a vector at a time, times each
@@ -17,11 +17,8 @@ tile):
   tokens, so that consecutive multiply-adds do not wait on each other), each V vector read once
   for them, the row `PREFETCH_AHEAD` tokens on asked for meanwhile.
 
-On a 2-core Intel Xeon with AVX-512, 30 layers of attention for 32 rows over 128 tokens each
-(9 query heads, 3 KV heads of 64) took 5.1 ms against the loops' 10.1 with the K/V in cache, 22
-against 57 with each request's slots scattered over the pool; inside a decode step, where the
-K/V come from memory, the step's time did not change beyond that host's noise
-(docs/benchmarks.md).
+Against the numba loops this replaced it runs attention in about half the time with the K/V in
+cache and in less with a request's slots scattered over the pool (docs/benchmarks.md).
 
 The softmax between them is numba's, on the exp that vectorizes. A head dimension that is not a
 multiple of `VECTOR` takes plain numba loops. Sums are taken in another order than SDPA's.
@@ -38,8 +35,8 @@ from numba.core import cgutils
 from numba.core import types as numba_types
 from numba.extending import intrinsic
 
-from shoal.models.numba_kernels import PREFETCH_AHEAD, exp_in_place, prefetch_ahead
-from shoal.models.vector_ir import (
+from shoal.kernels.numba_kernels import PREFETCH_AHEAD, exp_in_place, prefetch_ahead
+from shoal.kernels.vector_ir import (
     F32,
     I32,
     I64,

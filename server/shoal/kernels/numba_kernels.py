@@ -9,7 +9,7 @@ build compiles a copy of the function under its own name.
 The parallel build runs on numba's threading layer, GNU OpenMP where the system has it: a second
 runtime beside torch's bundled copy, which starts no thread until a parallel build runs. GNU
 OpenMP hangs in a child forked from a process whose pool has run, so whatever runs in a forked
-probe child (`shoal.models.kernel_probe`, one thread there) runs the serial build.
+probe child (`shoal.kernels.kernel_probe`, one thread there) runs the serial build.
 
 `exp_in_place` is an exp the kernels' loops vectorize (numba from PyPI has no vector math
 library). `prefetch_ahead` asks the CPU for a KV pool row ahead of its use: decode attention walks
@@ -31,7 +31,7 @@ import torch
 from numba.core import types as numba_types
 from numba.extending import intrinsic
 
-from shoal.models.vector_ir import prefetch
+from shoal.kernels.vector_ir import prefetch
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +102,9 @@ def exp_in_place(x: np.ndarray, bits: np.ndarray) -> None:
         x[i] *= scale[i]
 
 
-# How many slots ahead of the one it reads decode attention asks for a K (or V) row: at 16
-# requests over ~190 slots each, laid out as serving lays them, 3 ahead hid too little of the
-# wait, 8 and 12 alike most of it (docs/benchmarks.md).
+# How many slots ahead of the one it reads decode attention asks for a K (or V) row: with K/V
+# laid out as serving lays them, 3 ahead hid too little of the wait, 8 and 12 alike most of it
+# (docs/benchmarks.md).
 PREFETCH_AHEAD = 8
 # Floats of a 64-byte cache line.
 _LINE_FLOATS = 16

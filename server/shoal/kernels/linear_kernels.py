@@ -1,37 +1,34 @@
 """The matrix products behind every linear layer: how each weight is stored and which kernel
 computes its products, chosen by measuring the candidates on this host when the model loads.
 
-No vendor guess holds on every CPU (docs/benchmarks.md): on one AMD EPYC, MKL's one-row GEMV
-streams a contiguous [in, out] matrix ~1.4x faster than `F.linear` on the row-major weight and
-oneDNN beats MKL on more rows, and numpy's OpenBLAS ran 4-32-row products 1.4-2x faster than
-either; on an Intel Xeon, oneDNN ran at half of MKL's speed. shoal's own numba kernels
-(`shoal.models.numba_products`, on row-major weights) are candidates at a few rows, where the
-libraries pack the weight for every product; oneDNN is also a candidate on a copy of the weight
-packed once, at load, into its blocked layout (`onednn-packed`: on one AMD EPYC 15-50% faster than
-every other kernel at 16-64 rows, for a second copy of each weight it is chosen for, logged at
-load). So after
-loading, `prepare_linears` times every candidate (layout x kernel) for each distinct weight shape
-at a few row counts (`ROW_BUCKETS`, each at the thread count it will run with; the candidates in
-turns, best of three passes), keeps the layout
-that is fastest over all of them, and per row bucket the fastest kernel in that layout; the
-choice is kept on disk for later loads on the same host and software
-(`shoal.models.kernel_choices`). A kernel is first run once in a forked child
-(`shoal.models.kernel_probe`): a VM may list an instruction set and trap it.
+No vendor guess holds on every CPU (docs/benchmarks.md): which of MKL, oneDNN and numpy's OpenBLAS
+is fastest, and in which weight layout, changes with the host and the row count. shoal's own numba
+kernels (`shoal.kernels.numba_products`, on row-major weights) are candidates at a few rows, where
+the libraries pack the weight for every product; oneDNN is also a candidate on a copy of the weight
+packed once, at load, into its blocked layout (`onednn-packed`: a second copy of each weight it is
+chosen for, logged at load), and shoal's panel kernel on its packed copy
+(`shoal.kernels.panel_products`). So after loading, `prepare_linears` times every candidate (layout
+x kernel) for each distinct weight shape at a few row counts (`ROW_BUCKETS`, each at the thread
+count it will run with; the candidates in turns, best of three passes), keeps the layout that is
+fastest over all of them, and per row bucket the fastest kernel in that layout; the choice is kept
+on disk for later loads on the same host and software (`shoal.kernels.kernel_choices`). A kernel is
+first run once in a forked child (`shoal.kernels.kernel_probe`): a VM may list an instruction set
+and trap it.
 
-Storage: float32 CPU weights go to one transparent-huge-page arena (another ~10% when streaming
-every weight once per decode step), row- or column-major (the logical [out, in] shape is kept, so
-sharding, loading and the tied embedding lookup are unchanged). With `--quantization w8a16`
-(`shoal.models.quantization`), each weight is int8 per output channel with a float32 scale; its
+Storage: float32 CPU weights go to one transparent-huge-page arena (faster streaming of every weight
+once per decode step), row- or column-major (the logical [out, in] shape is kept, so sharding,
+loading and the tied embedding lookup are unchanged). With `--quantization w8a16`
+(`shoal.kernels.quantization`), each weight is int8 per output channel with a float32 scale; its
 products are torch's `_weight_int8pack_mm` (fed bfloat16 activations, the input it is vectorized
-for), numba kernels that widen the int8 weight in registers (`shoal.models.numba_products`: on
-an AVX2 host ~3x faster than either at one row), or a float32 product of the dequantized weight
-(prefill), whichever measures fastest in each row bucket. Every
-float32 kernel differs from `F.linear` only in summation order. numpy's BLAS runs on one thread
-(set by `prepare_linears`; idle workers would spin beside torch's OpenMP threads), so its kernels
-are candidates only in the row buckets whose products run on one thread: timed at 256 rows
-against 2-thread MKL it looked as fast, and made a 512-token prefill 2.7x slower. Elsewhere
-(CUDA, other dtypes) weights stay row-major and `F.linear` runs; an int8 weight runs
-`_weight_int8pack_mm`.
+for), numba kernels that widen the int8 weight in registers (`shoal.kernels.numba_products`), the
+int8 panels, or a float32 product of the dequantized weight (prefill), whichever measures fastest in
+each row bucket. Every float32 kernel differs from `F.linear` only in summation order. numpy's BLAS
+runs on one thread (set by `prepare_linears`; idle workers would spin beside torch's OpenMP
+threads), so its kernels are candidates only in the row buckets whose products run on one thread
+(timed against multi-threaded MKL at a prefill's row count it looked as fast, and made a whole
+prefill several times slower). With `torch_only` (`--cpu-kernels torch`) nothing is measured or
+moved. Elsewhere (CUDA, other dtypes) weights stay row-major and `F.linear` runs; an int8 weight
+runs `_weight_int8pack_mm`.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,28 +46,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models import kernel_choices, numba_products, panel_products
-from shoal.models.huge_pages import huge_page_arena
-from shoal.models.kernel_probe import runs_in_children
-from shoal.models.panel_products import Panels
-from shoal.models.quantization import dequantize, quantize_per_channel
+from shoal.kernels import kernel_choices, numba_products, panel_products
+from shoal.kernels.huge_pages import huge_page_arena
+from shoal.kernels.interface import KernelLinear
+from shoal.kernels.kernel_probe import runs_in_children
+from shoal.kernels.panel_products import Panels
+from shoal.kernels.quantization import dequantize, quantize_per_channel
 
 logger = logging.getLogger(__name__)
 
 # A product of m rows uses the choice of the bucket whose range holds m: 1 | 2-11 | 12-255 |
 # 256+, each named by a row count of its range (ROW_BUCKETS) and timed at TIMED_ROWS, in
 # seconds per row summed over them: 12-255 spans the decode batches from 16 to 64 streams, where
-# the fastest kernel changes (numba's blocking of three rows led at 48 rows and fell 40% behind
-# oneDNN's packed weight at 64 on one AMD EPYC). A forward of LARGE_FORWARD_TOKENS tokens or
-# more runs on every core (`shoal.engine.threads`), so the last two buckets are timed there.
+# the fastest kernel changes within the range (docs/benchmarks.md). A forward of
+# LARGE_FORWARD_TOKENS tokens or more runs on every core (`shoal.engine.threads`), so the last
+# two buckets are timed there.
 ROW_BUCKETS = (1, 4, 32, 256)
 TIMED_ROWS = ((1,), (4,), (16, 32, 64), (256,))
 _BUCKET_STARTS = (1, 2, 12, 256)
 LARGE_FORWARD_TOKENS = _BUCKET_STARTS[2]
 # Candidates are timed on random weights of the same shape and layout, at most this many output
 # rows (the LM head's 49k rows behave like 16k: a copy larger than the last-level cache, as the
-# head is; cut to 3k rows, a copy that stayed in cache, oneDNN's packed product measured as fast
-# as the panels at 16-64 rows where on the whole head it was 10-40% slower, docs/benchmarks.md),
+# head is; a copy that stays in cache times another kernel fastest than the whole head,
+# docs/benchmarks.md),
 # and at small row counts on enough copies that a pass streams from memory as a decode step
 # does, not from cache.
 _MEASURE_MAX_OUT = 16384
@@ -226,6 +224,7 @@ INT8_KERNELS = (Kernel("int8pack-bf16", "int8", _int8pack_bf16),
                 Kernel("int8-quads", "int8", _int8_by_quads, buckets=_SEVERAL_ROWS),
                 Kernel("int8-panels", "int8", _panels, copy=StoredWeight.pack_panels),
                 Kernel("dequantized", "int8", _dequantized))
+_DEQUANTIZED = INT8_KERNELS[-1]
 
 
 def bucket_index(rows: int) -> int:
@@ -404,21 +403,24 @@ def _check(kernel: Kernel, weight: torch.Tensor, x: torch.Tensor) -> None:
 # -- preparing a model ----------------------------------------------------------------------
 
 
-def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int] | None = None
+def prepare_linears(linears: Sequence[KernelLinear], quantization: str,
+                    threads: tuple[int, int] | None = None, *, torch_only: bool = False
                     ) -> dict[tuple[int, int], Choice]:
-    """Give every module with a `linear_kernel` attribute (`shoal.models.layers`) the kernel of
-    its `weight`: quantized when `quantization` is "w8a16", laid out and computed as measured
-    here for float32 CPU weights. Tied weights share one kernel. `threads`: (base, large
-    forward) torch threads the products will run with (default: the current count). Returns the
+    """Give every layer in `linears` the kernel of its `weight`: quantized when `quantization`
+    is "w8a16", laid out and computed as measured here for float32 CPU weights. Tied weights
+    share one kernel. `threads`: (base, large forward) torch threads the products will run with
+    (default: the current count). `torch_only`: torch's own products (float weights left as they
+    are, their layers on `F.linear`; int8 weights dequantized into `F.linear`). Returns the
     choice per weight shape [out, in]."""
-    owners = [m for m in model.modules() if hasattr(m, "linear_kernel")]
-    params = list({id(m.weight): m.weight for m in owners}.values())
-    if not params:
-        return {}
+    params = list({id(m.weight): m.weight for m in linears}.values())
     quantize = quantization == "w8a16"
-    measured = params[0].device.type == "cpu" and (quantize or params[0].dtype == torch.float32)
+    if not params or (torch_only and not quantize):
+        return {}
+    measured = not torch_only and params[0].device.type == "cpu" and (
+        quantize or params[0].dtype == torch.float32)
     if not measured:
-        fallback = INT8_KERNELS[0] if quantize else FLOAT_KERNELS[0]
+        fallback = (_DEQUANTIZED if torch_only else INT8_KERNELS[0]) if quantize \
+            else FLOAT_KERNELS[0]
         choices = {tuple(p.shape): Choice(fallback.layout, (fallback.name,) * len(ROW_BUCKETS))
                    for p in params}
     else:
@@ -436,8 +438,8 @@ def prepare_linears(model: nn.Module, quantization: str, threads: tuple[int, int
     packed = sum(k.packed_bytes for k in linear_kernels.values())
     if packed:
         logger.info("packed copies of the weights (oneDNN's, panels): %.0f MiB", packed / 2**20)
-    for module in owners:
-        module.linear_kernel = linear_kernels[id(module.weight)]
+    for linear in linears:
+        linear.linear_kernel = linear_kernels[id(linear.weight)]
     return choices
 
 
@@ -457,7 +459,7 @@ def int8_panels_run() -> bool:
 def _measured_choice(quantize: bool, shape: tuple[int, int], threads: tuple[int, ...]
                      ) -> Choice:
     """Measured once on this host for each weight shape, thread counts and layouts, and kept
-    (`shoal.models.kernel_choices`; a process that loads several models, as the tests do, asks
+    (`shoal.kernels.kernel_choices`; a process that loads several models, as the tests do, asks
     once per shape)."""
     kernels = _usable_kernels(quantize)
     names = tuple(k.name for k in kernels)

@@ -44,8 +44,8 @@ def runs_in_child(name: str, probe: Callable[[], None], timeout_s: float | None 
 def runs_in_children(probes: dict[str, Callable[[], None]], timeout_s: float | None = None
                      ) -> dict[str, bool]:
     """Per name, whether its probe returns normally in a child forked for it; the children run
-    at the same time (a probe that loads a numba build spends ~0.3 s, a dozen of them one after
-    another were ~4 s of every rank's start)."""
+    at the same time (each probe that loads a numba build takes a while; one after another
+    they added up to seconds of every rank's start)."""
     if sys.platform != "linux":
         return {name: _runs_here(name, probe) for name, probe in probes.items()}
     children = {_fork(probe): name for name, probe in probes.items()}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from shoal.engine.kv_pool import KVPool
-from shoal.models.huge_pages import HUGE_PAGE, huge_page_arena
+from shoal.kernels.huge_pages import HUGE_PAGE, huge_page_arena
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

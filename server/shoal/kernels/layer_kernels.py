@@ -1,32 +1,32 @@
 """A decoder layer's small steps between its products, each one pass on the CPU (numba).
 
 At one decode row a layer's norms and rotary embedding are a few thousand floats, yet each
-torch op costs its dispatch: `torch.rms_norm` took 34 us on a warm [1, 576] row and ~63 us in a
-decode step on one AMD EPYC core, and the rotary embedding is six ops and two copies. Over the
-default model's 30 layers that was ~6 ms of a 67 ms float32 step (docs/benchmarks.md). Here the
-residual add and RMSNorm are one pass over each row, and the rotary embedding turns the query
-and key heads in place in the fused q/k/v product's output. SiLU-and-multiply stays with torch:
-numba's scalar `exp` ran 1.4x-4x slower than torch's vectorized SiLU at every row count.
+torch op costs its dispatch, which is more than its arithmetic, and the rotary embedding is six
+ops and two copies (docs/benchmarks.md). Here the residual add and RMSNorm are one pass over
+each row, and the rotary embedding turns the query and key heads in place in the fused q/k/v
+product's output. SiLU-and-multiply stays with torch: numba's scalar `exp` is slower than
+torch's vectorized SiLU at every row count.
 
 The kernels compute the same formulas as the torch ops they replace, summing in another order
 (float32 only). `prepare` switches a model's layers to them where its activations are CPU
-float32 and the kernels run here: first in a forked child (`shoal.models.kernel_probe`; a VM
+float32 and the kernels run here: first in a forked child (`shoal.kernels.kernel_probe`; a VM
 may list an instruction set LLVM uses and trap it). Serial and parallel builds as
-`shoal.models.numba_kernels` describes.
+`shoal.kernels.numba_kernels` describes.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from shoal.models.kernel_probe import runs_and_agrees
-from shoal.models.numba_kernels import Twins
+from shoal.kernels.interface import LayerOps
+from shoal.kernels.kernel_probe import runs_and_agrees
+from shoal.kernels.numba_kernels import Twins
 
 
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
@@ -58,7 +58,7 @@ def _add_rms_norm(x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: 
 
 def _rotate(heads: np.ndarray, count: np.int64, cos: np.ndarray, sin: np.ndarray) -> None:
     """Rotate-half RoPE in place on heads [rows, :count, dim] (cos / sin [rows, dim], sin's
-    first half negated, as `shoal.models.layers.RotaryEmbedding.cos_sin` gives them)."""
+    first half negated, as `shoal.kernels.rotary` states them)."""
     rows = heads.shape[0]
     half = heads.shape[2] // 2
     for r in numba.prange(rows):
@@ -102,13 +102,12 @@ def rotate_(heads: torch.Tensor, count: int, cos: torch.Tensor, sin: torch.Tenso
                        sin.reshape(rows, -1).numpy())
 
 
-def prepare(model: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
-    """Switch every module with a `cpu_kernels` flag to these kernels when activations are
-    CPU float32 and the kernels run here; returns whether they did."""
+def prepare(ops: Sequence[LayerOps], device: torch.device, dtype: torch.dtype) -> bool:
+    """Switch the modules `ops` to these kernels when activations are CPU float32 and the
+    kernels run here (else to torch's ops); returns whether they did."""
     enabled = device.type == "cpu" and dtype == torch.float32 and usable()
-    for module in model.modules():
-        if hasattr(module, "cpu_kernels"):
-            module.cpu_kernels = enabled
+    for module in ops:
+        module.cpu_kernels = enabled
     return enabled
 
 

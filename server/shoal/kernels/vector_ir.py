@@ -1,5 +1,5 @@
 """LLVM IR building blocks of shoal's hand-written CPU kernels (numba intrinsics:
-`shoal.models.panel_products`, `shoal.models.attention_tiles`): the vector width numba compiles
+`shoal.kernels.panel_products`, `shoal.kernels.attention_tiles`): the vector width numba compiles
 for on this host and the instructions those kernels share."""
 
 from __future__ import annotations
