@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from shoal.kernels import layer_kernels
 from shoal.kernels.rotary import apply_rotary
 from shoal.models.config import RopeConfig
-from shoal.models.layers import RMSNorm, RotaryEmbedding
+from shoal.models.layers import RMSNorm
+from shoal.models.rotary import Rotary
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_rms_norm_reads_a_strided_input() -> None:
 def test_rotation_in_place_matches_apply_rotary(count: int, rows: int, threads: int) -> None:
     torch.set_num_threads(count)
     gen = torch.Generator().manual_seed(rows)
-    rotary = RotaryEmbedding(64, RopeConfig(theta=10000.0))
+    rotary = Rotary(64, RopeConfig(theta=10000.0))
     cos, sin = rotary.cos_sin(torch.randint(0, 4096, (rows,), generator=gen), torch.float32)
     heads = torch.randn(rows, 9 + 3 + 3, 64, generator=gen)
     expected = heads.clone()
