@@ -167,7 +167,7 @@ def test_what_shoal_does_not_implement_stops_the_server_naming_it(
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     server = start_server(tmp_path, "--model-path", str(folder), wait=False)
     try:
-        assert server.proc.wait(timeout=STARTUP_TIMEOUT_S) == ExitCode.STARTUP_FAILED
+        code = server.proc.wait(timeout=STARTUP_TIMEOUT_S)
     finally:
         server.stop()
-    assert named in server.log()
+    assert code == ExitCode.STARTUP_FAILED and named in server.log(), server.log()
