@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.models.config import ModelConfig, UnsupportedModelError
+from shoal.model_config import UnsupportedModelError
 from shoal.models.llama import LlamaForCausalLM
 
 # Qwen2 is Llama plus a q/k/v bias, which ModelConfig.qkv_bias carries.
@@ -19,5 +19,4 @@ def get_model_class(architecture: str) -> type[LlamaForCausalLM]:
     return MODEL_REGISTRY[architecture]
 
 
-__all__ = ["MODEL_REGISTRY", "LlamaForCausalLM", "ModelConfig", "UnsupportedModelError",
-           "get_model_class"]
+__all__ = ["MODEL_REGISTRY", "LlamaForCausalLM", "get_model_class"]

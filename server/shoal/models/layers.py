@@ -18,7 +18,7 @@ from torch import nn
 
 from shoal.kernels import layer_kernels
 from shoal.kernels.interface import LinearProduct, Norm
-from shoal.models.config import RopeConfig
+from shoal.model_config import RopeConfig
 from shoal.models.loader import TensorSlice, read_cols, read_rows
 from shoal.models.parallel import ParallelGroup
 

@@ -26,8 +26,8 @@ from shoal.kernels.interface import (
     ModelKernels,
 )
 from shoal.kernels.rotary import apply_rotary
+from shoal.model_config import ModelConfig
 from shoal.models.attention_backend import AttentionBackend
-from shoal.models.config import ModelConfig
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import (
     GateUpParallelLinear,
