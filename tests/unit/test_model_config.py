@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from shoal.engine.model_runner import resolve_device, resolve_dtype
-from shoal.models import ModelConfig, UnsupportedModelError, get_model_class
-from shoal.models.config import RopeConfig
+from shoal.model_config import ModelConfig, RopeConfig, UnsupportedModelError
+from shoal.models import get_model_class
 from shoal.models.layers import head_shard
 from shoal.models.parallel import ParallelGroup, pp_layer_range
 

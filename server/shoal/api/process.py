@@ -10,8 +10,7 @@ from shoal.api.http_server import create_app
 from shoal.api.tokenizer_manager import TokenizerManager
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.lifecycle import StartupFailed, exit_on_sigterm
-from shoal.models import ModelConfig
-from shoal.models.bert import BertConfig, is_encoder_model
+from shoal.model_config import BertConfig, ModelConfig, is_encoder_model
 from shoal.tokenizer import load_tokenizer_or_fail, resolve_model_path, sampling_defaults
 
 

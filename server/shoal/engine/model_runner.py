@@ -19,7 +19,8 @@ from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from shoal.engine.threads import RankThreads, forward_threads
 from shoal.kernels import KernelArgs, prepare
-from shoal.models import ModelConfig, get_model_class
+from shoal.model_config import ModelConfig
+from shoal.models import get_model_class
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import head_shard
 from shoal.models.loader import load_checkpoint

@@ -48,8 +48,6 @@ def prepare(model: KernelModel, args: KernelArgs) -> PreparedKernels:
         model.fused_decode = model.greedy_head = None
         logger.info("--cpu-kernels torch: plain torch everywhere")
         return PreparedKernels(in_place_decode=False)
-    # the fused decode's probe before any parallel build runs in this process (GNU OpenMP
-    # hangs in a child forked from a process whose pool has run)
     fused = fused_decode.enabled_for(args.device, args.dtype, args.tp_size, quantized)
     prepare_linears(spec.linears, args.quantization, args.threads)
     layer_kernels.prepare(spec.layer_ops, args.device, args.dtype)

@@ -3,7 +3,7 @@ decoder (`shoal.models.decoder`) for every family `shoal.models.families` descri
 
 from __future__ import annotations
 
-from shoal.models.config import ModelConfig, UnsupportedModelError
+from shoal.model_config import UnsupportedModelError
 from shoal.models.decoder import DecoderForCausalLM
 from shoal.models.families import FAMILIES
 
@@ -18,5 +18,4 @@ def get_model_class(architecture: str) -> type[DecoderForCausalLM]:
     return DecoderForCausalLM
 
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "DecoderForCausalLM", "ModelConfig",
-           "UnsupportedModelError", "get_model_class"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "DecoderForCausalLM", "get_model_class"]

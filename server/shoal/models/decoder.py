@@ -30,8 +30,8 @@ from shoal.kernels.interface import (
     GreedyLogits,
     ModelKernels,
 )
+from shoal.model_config import ModelConfig
 from shoal.models.attention_backend import AttentionBackend, LayerAttention
-from shoal.models.config import ModelConfig
 from shoal.models.families import FAMILIES, Family
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import (

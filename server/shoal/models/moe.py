@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models.config import MoeConfig
+from shoal.model_config import MoeConfig
 from shoal.models.loader import TensorSlice, read_cols, read_rows
 from shoal.models.parallel import ParallelGroup
 

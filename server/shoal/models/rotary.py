@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from shoal.models.config import RopeConfig
+from shoal.model_config import RopeConfig
 
 
 class Rotary:

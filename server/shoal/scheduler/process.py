@@ -34,8 +34,7 @@ from shoal.ipc import sockets
 from shoal.ipc.messages import ComponentReady
 from shoal.lifecycle import StartupFailed
 from shoal.metrics.scheduler_metrics import SchedulerStats
-from shoal.models import ModelConfig
-from shoal.models.bert import is_encoder_model
+from shoal.model_config import ModelConfig, is_encoder_model
 from shoal.models.parallel import ParallelGroup
 from shoal.ports import free_port
 from shoal.scheduler.consensus import ConsensusChecker

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from shoal.kernels import layer_kernels
 from shoal.kernels.rotary import apply_rotary
-from shoal.models.config import RopeConfig
+from shoal.model_config import RopeConfig
 from shoal.models.layers import RMSNorm
 from shoal.models.rotary import Rotary
 

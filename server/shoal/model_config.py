@@ -1,10 +1,13 @@
-"""`ModelConfig`: the facts about a checkpoint the engine needs, read from its HF config files.
+"""What a checkpoint is, read from its HF config files: `ModelConfig` for the decoder families,
+`BertConfig` for the embedding models, and `is_encoder_model` to tell them apart.
 
-Both config layouts are accepted: transformers v5 writes `rope_parameters` (theta and scaling in
-one dict, or one dict per layer type) and `layer_types`; v4 writes `rope_theta` and an optional
-`rope_scaling` dict, and leaves the sliding-window layers to per-family rules (reproduced in
-`_default_layer_types`). Anything the engine does not implement raises `UnsupportedModelError`
-naming the config field, never a model that computes something else.
+Torch-free, so that the api, the scheduler's setup and the router learn a model's facts without
+importing the model code or the kernels (import-linter keeps it so). Both config layouts are
+accepted: transformers v5 writes `rope_parameters` (theta and scaling in one dict, or one dict
+per layer type) and `layer_types`; v4 writes `rope_theta` and an optional `rope_scaling` dict,
+and leaves the sliding-window layers to per-family rules (reproduced in `_default_layer_types`).
+Anything the engine does not implement raises `UnsupportedModelError` naming the config field,
+never a model that computes something else.
 """
 
 from __future__ import annotations
@@ -286,3 +289,45 @@ def _eos_token_ids(hf: dict[str, Any], generation: dict[str, Any]) -> tuple[int,
             if token is not None and token not in ids:
                 ids.append(token)
     return tuple(ids)
+
+
+ENCODER_ARCHITECTURES = frozenset({"BertModel"})
+
+
+def is_encoder_model(model_path: str | Path) -> bool:
+    """Whether the checkpoint at `model_path` is an embedding model (`shoal.models.bert`)."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return False
+    architectures = json.loads(config.read_text()).get("architectures") or []
+    return bool(ENCODER_ARCHITECTURES.intersection(architectures))
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | Path) -> BertConfig:
+        raw = json.loads((Path(model_path) / "config.json").read_text())
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{model_path}: only absolute position embeddings are supported, "
+                             f"not {raw['position_embedding_type']!r}")
+        if raw.get("hidden_act", "gelu") not in ("gelu", "gelu_new"):
+            raise ValueError(f"{model_path}: unsupported activation {raw['hidden_act']!r}")
+        return cls(vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+                   num_hidden_layers=raw["num_hidden_layers"],
+                   num_attention_heads=raw["num_attention_heads"],
+                   intermediate_size=raw["intermediate_size"],
+                   max_position_embeddings=raw["max_position_embeddings"],
+                   type_vocab_size=raw.get("type_vocab_size", 2),
+                   layer_norm_eps=raw.get("layer_norm_eps", 1e-12),
+                   hidden_act=raw.get("hidden_act", "gelu"))
