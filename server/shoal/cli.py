@@ -73,8 +73,9 @@ def _parser() -> argparse.ArgumentParser:
 
     model = commands.add_parser("model", help="embedded models")
     model_commands = model.add_subparsers(dest="model_command", required=True)
-    prepare = model_commands.add_parser("prepare", help="convert an embedded model once; "
-                                        "prints its folder as the last line")
+    prepare = model_commands.add_parser("prepare", help="convert an embedded model or a local "
+                                        "GGUF file (PATH.gguf) once; prints its folder as the "
+                                        "last line")
     prepare.add_argument("name", nargs="?", default=model_store.DEFAULT_MODEL)
     model_commands.add_parser("list", help="embedded models and whether they are prepared")
     add_bench_commands(commands)

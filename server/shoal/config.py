@@ -21,6 +21,8 @@ DEFAULT_BOOTSTRAP_PORT = 8998
 Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Quantization = Literal["none", "w8a16"]  # w8a16: int8 weights per output channel
+# auto: the CPU kernels where they run and agree with torch; torch: plain torch everywhere
+CpuKernels = Literal["auto", "torch"]
 SchedulePolicy = Literal["fcfs", "lpm"]
 DisaggregationMode = Literal["null", "prefill", "decode"]
 
@@ -39,6 +41,7 @@ class ServerArgs:
     device: Device = "auto"
     dtype: Dtype = "auto"
     quantization: Quantization = "none"
+    cpu_kernels: CpuKernels = "auto"  # shoal.kernels.prepare
     context_length: int | None = None
     max_running_requests: int | None = None
     max_queued_requests: int | None = None  # None: unbounded (api/backpressure.py)

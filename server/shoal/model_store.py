@@ -14,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,27 +89,55 @@ def embedded_name(model_path: str | None) -> str | None:
 
 
 def prepare(name: str = DEFAULT_MODEL) -> Path:
-    """Return the folder of a ready-to-load transformers model, converting it on first use."""
+    """Return the folder of a ready-to-load transformers model, converting it on first use:
+    the embedded model called `name`, or the local GGUF file `name` names (`*.gguf`)."""
+    if name.endswith(".gguf"):
+        return prepare_gguf(Path(name))
     model = lookup(name)
     name = model.name
     target = prepared_dir(name)
     if is_prepared(name):
         return target
     source = package_dir(model)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    if model.gguf_file:
+        _fill(target, "ok", lambda staging: _convert_gguf(source, model.gguf_file, staging))
+    else:
+        _fill(target, "ok", lambda staging: shutil.copytree(source / model.files_dir, staging,
+                                                            dirs_exist_ok=True))
+    return target
+
+
+def prepare_gguf(path: Path) -> Path:
+    """The folder of the local GGUF file `path` converted to safetensors (once per version of
+    the file)."""
+    if not path.is_file():
+        raise ModelNotAvailable(f"no GGUF file at {path}")
+    stat = path.stat()
+    version = f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
+    target = cache_root() / "gguf" / path.stem
+    marker = target / _READY_MARKER
+    if marker.exists() and marker.read_text().strip() == version:
+        return target
     try:
-        if model.gguf_file:
-            _convert_gguf(source, model.gguf_file, staging)
-        else:
-            shutil.copytree(source / model.files_dir, staging, dirs_exist_ok=True)
-        (staging / _READY_MARKER).write_text("ok\n")
+        _fill(target, version, lambda staging: _convert_gguf(path.parent, path.name, staging))
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ModelNotAvailable(f"cannot convert the GGUF file {path}: {exc}") from exc
+    return target
+
+
+def _fill(target: Path, marker: str, fill: Callable[[Path], object]) -> None:
+    """Build `target` in a staging folder beside it (`fill(staging)`), then swap it in with its
+    ready marker holding `marker`: a crash leaves no half-built folder that looks ready."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        fill(staging)
+        (staging / _READY_MARKER).write_text(marker + "\n")
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _convert_gguf(source: Path, gguf_file: str, staging: Path) -> None:

@@ -1,8 +1,11 @@
-"""Model path resolution and tokenizer loading, shared by every component."""
+"""Model path resolution, tokenizer loading and the checkpoint's sampling defaults, shared by
+every component."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -30,6 +33,36 @@ def served_model_name(args: ServerArgs) -> str:
     if args.served_model_name:
         return args.served_model_name
     return model_store.embedded_name(args.model_path) or str(args.model_path).rstrip("/")
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """The sampling a request gets for each of these fields it leaves out: OpenAI's defaults,
+    or the checkpoint's `generation_config.json` where it sets them (as vLLM and SGLang do)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+
+
+OPENAI_DEFAULTS = SamplingDefaults()
+
+
+def sampling_defaults(model_path: str) -> SamplingDefaults:
+    """The defaults `model_path`'s generation_config.json sets (temperature, top_p, top_k,
+    min_p); `StartupFailed` naming the field for a value no request could carry."""
+    file = Path(model_path) / "generation_config.json"
+    config = json.loads(file.read_text()) if file.exists() else {}
+    defaults = SamplingDefaults(
+        temperature=float(config.get("temperature", 1.0)), top_p=float(config.get("top_p", 1.0)),
+        top_k=int(config.get("top_k") or -1), min_p=float(config.get("min_p") or 0.0))
+    invalid = [(defaults.temperature < 0, "temperature"), (not 0 < defaults.top_p <= 1, "top_p"),
+               (defaults.top_k < -1, "top_k"), (not 0 <= defaults.min_p <= 1, "min_p")]
+    for bad, field in invalid:
+        if bad:
+            raise StartupFailed(f"{file}: {field}={config[field]!r} is out of range")
+    return defaults
 
 
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:

@@ -121,7 +121,7 @@ def test_model_listing(openai_client: OpenAI, model_name: str) -> None:
 
 def test_model_length_from_the_config(openai_client: OpenAI, model_name: str,
                                       model_path: str) -> None:
-    from shoal.models import ModelConfig
+    from shoal.model_config import ModelConfig
 
     (card,) = openai_client.models.list().data
     assert card.model_extra["max_model_len"] == \

@@ -13,7 +13,8 @@ from transformers import BertConfig as HFBertConfig
 from transformers import BertModel
 
 from shoal.engine.embedding_runner import EmbeddingRunner
-from shoal.models.bert import Pooling, is_encoder_model
+from shoal.model_config import is_encoder_model
+from shoal.models.bert import Pooling
 from shoal.scheduler.embedding import pick_batch
 
 POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",

@@ -3,14 +3,15 @@ of the model side: dtype/device resolution, layer ranges and shards."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 import torch
 
 from shoal.engine.model_runner import resolve_device, resolve_dtype
-from shoal.models import ModelConfig, UnsupportedModelError, get_model_class
-from shoal.models.config import RopeConfig
+from shoal.model_config import ModelConfig, RopeConfig, UnsupportedModelError
+from shoal.models import get_model_class
 from shoal.models.layers import head_shard
 from shoal.models.parallel import ParallelGroup, pp_layer_range
 
@@ -126,3 +127,69 @@ def test_impossible_head_shards_raise() -> None:
         head_shard(2, 1, ParallelGroup(0, 4))  # more ranks than query heads
     with pytest.raises(ValueError):
         ParallelGroup(0, 2).shard(9)
+
+
+def test_gemma_v4_layouts_alternate_window_and_global_layers() -> None:
+    """Without `layer_types`, transformers' rules: Gemma 2 alternates from a window layer,
+    Gemma 3 puts a global layer after every five window layers, its local rope from
+    rope_local_base_freq."""
+    gemma2 = _hf_config(architectures=["Gemma2ForCausalLM"], num_hidden_layers=4,
+                        sliding_window=4096, hidden_activation="gelu_pytorch_tanh",
+                        attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                        query_pre_attn_scalar=256)
+    config = ModelConfig.from_dicts(gemma2, {})
+    assert config.layer_windows == (4096, None, 4096, None)
+    assert (config.hidden_act, config.attn_logit_softcapping) == ("gelu_pytorch_tanh", 50.0)
+    assert config.attention_scale == 256 ** -0.5
+    gemma3 = _hf_config(architectures=["Gemma3ForCausalLM"], num_hidden_layers=7,
+                        sliding_window=512, rope_theta=1e6, rope_local_base_freq=1e4,
+                        rope_scaling=dict(rope_type="linear", factor=8.0))
+    del gemma3["rope_parameters"]
+    config = ModelConfig.from_dicts(gemma3, {})
+    assert config.layer_windows == (512,) * 5 + (None, 512)
+    assert config.rope == RopeConfig(theta=1e6, rope_type="linear", factor=8.0)
+    assert config.local_rope == RopeConfig(theta=1e4)
+
+
+@pytest.mark.parametrize(("overrides", "windows"), [
+    (dict(sliding_window=4096), (4096, 4096)),  # Mistral: every layer
+    (dict(sliding_window=None), (None, None)),
+    (dict(sliding_window=64, use_sliding_window=False), (None, None)),  # Qwen: off
+    (dict(sliding_window=64, use_sliding_window=True, max_window_layers=1), (None, 64)),
+    (dict(sliding_window=64, layer_types=["full_attention", "sliding_attention"]), (None, 64)),
+])
+def test_sliding_window_layers(overrides: dict[str, Any], windows: tuple[int | None, ...]
+                               ) -> None:
+    hf = _hf_config(architectures=["MistralForCausalLM"], num_hidden_layers=2, **overrides)
+    assert ModelConfig.from_dicts(hf, {}).layer_windows == windows
+
+
+def test_moe_and_longrope_configs() -> None:
+    qwen2_moe = _hf_config(architectures=["Qwen2MoeForCausalLM"], num_hidden_layers=3,
+                           num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                           shared_expert_intermediate_size=64, mlp_only_layers=[1])
+    moe = ModelConfig.from_dicts(qwen2_moe, {}).moe
+    assert moe is not None
+    assert (moe.num_experts, moe.top_k, moe.norm_topk_prob) == (8, 2, False)
+    assert moe.sparse_layers == (True, False, True)
+    phi3 = _hf_config(architectures=["Phi3ForCausalLM"], max_position_embeddings=131072,
+                      original_max_position_embeddings=4096, rope_theta=1e4,
+                      rope_scaling=dict(type="su", short_factor=[1.0] * 32,
+                                        long_factor=[2.0] * 32))
+    del phi3["rope_parameters"]
+    rope = ModelConfig.from_dicts(phi3, {}).rope
+    assert (rope.rope_type, rope.factor, rope.original_max_position_embeddings) == (
+        "longrope", 32.0, 4096)
+    assert rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    (dict(quantization_config=dict(quant_method="awq")), "quantization_config"),
+    (dict(layer_types=["full_attention"] * 29 + ["chunked_attention"]), "layer_types"),
+    (dict(use_sliding_window=True, max_window_layers=0), "sliding_window"),
+    (dict(hidden_act="relu2"), "hidden_act"),
+    (dict(rope_parameters=dict(rope_type="yarn", rope_theta=1.0, factor=4.0)), "rope_type"),
+])
+def test_unsupported_features_name_their_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=field):
+        ModelConfig.from_dicts(_hf_config(**overrides), {})

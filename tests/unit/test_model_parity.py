@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from shoal.config import CpuKernels
 from shoal.engine.model_runner import ModelRunner
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.parallel import ParallelGroup
@@ -64,10 +65,10 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
 
 
 def _make_runner(path: Path, tp: ParallelGroup = ParallelGroup(), pp_rank: int = 0,
-                 pp_size: int = 1) -> ModelRunner:
+                 pp_size: int = 1, cpu_kernels: CpuKernels = "auto") -> ModelRunner:
     return ModelRunner(str(path), torch.device("cpu"), torch.float32, tp, pp_rank=pp_rank,
                        pp_size=pp_size, max_total_tokens=1024, max_running_requests=8,
-                       context_length=256)
+                       context_length=256, cpu_kernels=cpu_kernels)
 
 
 def _load_hf(path: Path) -> Any:
@@ -179,9 +180,11 @@ def test_prefill_logits_match_transformers(tiny_model_dirs: dict[str, Path], nam
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("cpu_kernels", ["auto", "torch"])
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
-def test_greedy_matches_transformers(tiny_model_dirs: dict[str, Path], name: str) -> None:
-    runner = _make_runner(tiny_model_dirs[name])
+def test_greedy_matches_transformers(tiny_model_dirs: dict[str, Path], name: str,
+                                     cpu_kernels: CpuKernels) -> None:
+    runner = _make_runner(tiny_model_dirs[name], cpu_kernels=cpu_kernels)
     generated = _Driver(runner, seed=1).generate(PROMPTS, max_new_tokens=32)
     hf = _load_hf(tiny_model_dirs[name])
     for prompt, ours in zip(PROMPTS, generated):
@@ -255,7 +258,8 @@ def test_tensor_parallel_matches_single_rank(tiny_model_dirs: dict[str, Path],
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
 def test_fused_decode_matches_the_layers_op_by_op(tiny_model_dirs: dict[str, Path],
                                                   name: str) -> None:
-    """Decode steps run each layer as one kernel call (`shoal.models.fused_decode`) on this CPU
+    """Decode steps run each layer as one kernel call (`shoal.kernels.fused_decode`, from the
+    layers Llama declares: `shoal.kernels.interface`) on this CPU
     float32 runner, reading the layers' panels (packed for it; the LM head's only where one of
     its own kernels reads them); five rows of different context lengths give the logits the
     layers give op by op, and the same K/V."""
@@ -287,3 +291,18 @@ def test_fused_decode_matches_the_layers_op_by_op(tiny_model_dirs: dict[str, Pat
     (fused_logits, fused_kv), (op_logits, op_kv) = outputs
     torch.testing.assert_close(fused_logits, op_logits, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fused_kv, op_kv, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_kernels_leave_every_part_to_torch(tiny_model_dirs: dict[str, Path]) -> None:
+    """`--cpu-kernels torch`: F.linear on the weights as loaded, torch's norms and rotary, decode
+    op by op over SDPA, the full LM head; `auto` takes each kernel on this host."""
+    plain, kernels = (_make_runner(tiny_model_dirs["qwen2"], cpu_kernels=mode)
+                      for mode in ("torch", "auto"))
+    for runner, on in ((plain, False), (kernels, True)):
+        model = runner.model
+        assert (model.fused_decode is not None) == on
+        assert (model.greedy_head is not None) == on
+        assert runner.attn_backend.in_place_decode == on
+        spec = model.kernel_spec()
+        assert all((linear.linear_kernel is not None) == on for linear in spec.linears)
+        assert all(ops.cpu_kernels == on for ops in spec.layer_ops)

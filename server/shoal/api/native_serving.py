@@ -47,7 +47,7 @@ class NativeServing:
         tm.check_token_ids(params.logit_bias_ids, "logit_bias", allow_empty=True)
         max_new = tm.max_new_tokens(len(input_ids), params.max_new_tokens,
                                     DEFAULT_MAX_NEW_TOKENS)
-        sampling, started = params.to_sampling(max_new), time.monotonic()
+        sampling, started = params.to_sampling(max_new, tm.sampling_defaults), time.monotonic()
         tm.check_disaggregation(req.bootstrap(), [sampling])
         if req.stream:
             outputs = tm.generate(input_ids, sampling, rid=req.rid, stream=True,

@@ -102,7 +102,7 @@ class OpenAIServing:
                        raw: Request) -> Choices:
         """Check what the model must check, then warm the prompts up for n > 1."""
         samplings = [req.to_sampling(self.tm.max_new_tokens(len(ids), req.requested_max_tokens,
-                                                            None))
+                                                            None), self.tm.sampling_defaults)
                      for ids in prompts]
         self.tm.check_token_ids(req.stop_token_ids or [], "stop_token_ids", allow_empty=True)
         self.tm.check_token_ids(req.logit_bias_ids, "logit_bias", allow_empty=True)

@@ -10,9 +10,8 @@ from shoal.api.http_server import create_app
 from shoal.api.tokenizer_manager import TokenizerManager
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.lifecycle import StartupFailed, exit_on_sigterm
-from shoal.models import ModelConfig
-from shoal.models.bert import BertConfig, is_encoder_model
-from shoal.tokenizer import load_tokenizer_or_fail, resolve_model_path
+from shoal.model_config import BertConfig, ModelConfig, is_encoder_model
+from shoal.tokenizer import load_tokenizer_or_fail, resolve_model_path, sampling_defaults
 
 
 def run_api(args: ServerArgs, component: ComponentArgs) -> None:
@@ -21,7 +20,8 @@ def run_api(args: ServerArgs, component: ComponentArgs) -> None:
     model_path = resolve_model_path(args)
     tokenizer = load_tokenizer_or_fail(model_path)
     args = with_context_length(args, model_path)
-    app = create_app(args, TokenizerManager(args, component, tokenizer))
+    app = create_app(args, TokenizerManager(args, component, tokenizer,
+                                            sampling_defaults=sampling_defaults(model_path)))
     exit_on_sigterm()
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                 access_log=args.log_level.lower() == "debug", timeout_keep_alive=5)

@@ -30,6 +30,7 @@ from shoal.api.constraints import JSON_OBJECT_SCHEMA, check_ebnf, check_json_sch
 from shoal.api.request_fields import drop_no_ops
 from shoal.api.tool_calls import call_schema
 from shoal.ipc.messages import SEED_BOUND, BootstrapInfo, LogprobParams, SamplingParams
+from shoal.tokenizer import OPENAI_DEFAULTS, SamplingDefaults
 
 MAX_STOP_STRINGS = 4
 MAX_N = 8              # choices per OpenAI request (each is its own request in the scheduler)
@@ -163,14 +164,16 @@ class _Sampling(StrictModel):
             raise ValueError("stop sequences must be non-empty strings")
         return value
 
-    def to_sampling(self, max_new_tokens: int) -> SamplingParams:
+    def to_sampling(self, max_new_tokens: int, defaults: SamplingDefaults = OPENAI_DEFAULTS
+                    ) -> SamplingParams:
+        """The request's sampling, `defaults` (the checkpoint's) for the fields it left out."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_new_tokens=max_new_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            min_p=defaults.min_p if self.min_p is None else self.min_p,
             seed=self.seed,
             stop=stops,
             stop_token_ids=list(self.stop_token_ids or []),

@@ -20,6 +20,7 @@ from shoal.api.protocol import (
     options_need_stream,
 )
 from shoal.ipc.messages import SamplingParams
+from shoal.tokenizer import OPENAI_DEFAULTS, SamplingDefaults
 
 INPUT_TEXT_TYPES = {"user": "input_text", "system": "input_text", "developer": "input_text",
                     "assistant": "output_text"}
@@ -97,10 +98,14 @@ class ResponsesRequest(BootstrapFields, OpenAIMetadata):
         return messages + [{"role": "system" if m.role == "developer" else m.role,
                             "content": m.text()} for m in self.input]
 
-    def to_sampling(self, max_new_tokens: int) -> SamplingParams:
-        return SamplingParams(max_new_tokens=max_new_tokens,
-                              temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p)
+    def to_sampling(self, max_new_tokens: int, defaults: SamplingDefaults = OPENAI_DEFAULTS
+                    ) -> SamplingParams:
+        """The request's sampling, `defaults` (the checkpoint's) for the fields it left out."""
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k, min_p=defaults.min_p)
 
 
 # ---- the response object ----------------------------------------------------------------------

@@ -59,7 +59,8 @@ class ResponsesServing:
         except ValueError as exc:
             raise bad_request(str(exc), "input") from exc
         input_ids = tm.tokenize_chat(messages)
-        sampling = req.to_sampling(tm.max_new_tokens(len(input_ids), req.max_output_tokens, None))
+        sampling = req.to_sampling(tm.max_new_tokens(len(input_ids), req.max_output_tokens, None),
+                                   tm.sampling_defaults)
         bootstrap = req.bootstrap()
         tm.check_disaggregation(bootstrap, [sampling])
         rid = uuid.uuid4().hex

@@ -51,7 +51,12 @@ from shoal.ipc.messages import (
     decode,
 )
 from shoal.metrics.api_metrics import RequestMetrics
-from shoal.tokenizer import max_chars_per_token, served_model_name
+from shoal.tokenizer import (
+    OPENAI_DEFAULTS,
+    SamplingDefaults,
+    max_chars_per_token,
+    served_model_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +162,11 @@ class TokenizerManager:
     def __init__(self, args: ServerArgs, component: ComponentArgs,
                  tokenizer: PreTrainedTokenizerBase,
                  required_components: Sequence[str] = REQUIRED_COMPONENTS,
-                 disconnect_poll_s: float = 1.0) -> None:
+                 disconnect_poll_s: float = 1.0,
+                 sampling_defaults: SamplingDefaults = OPENAI_DEFAULTS) -> None:
         self.args = args
         self.tokenizer = tokenizer
+        self.sampling_defaults = sampling_defaults  # for the fields a request leaves out
         self.vocab_size = len(tokenizer)
         self.model_name = served_model_name(args)
         self.required_components = tuple(required_components)

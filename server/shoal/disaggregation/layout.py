@@ -10,7 +10,7 @@ import socket
 from dataclasses import asdict, dataclass
 
 from shoal.disaggregation.messages import PrefillLayout
-from shoal.models import ModelConfig
+from shoal.model_config import ModelConfig
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 

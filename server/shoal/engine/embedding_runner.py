@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shoal.models.bert import BertConfig, BertEncoder, Pooling
+from shoal.model_config import BertConfig
+from shoal.models.bert import BertEncoder, Pooling
 from shoal.models.loader import load_checkpoint
 
 

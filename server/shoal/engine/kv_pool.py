@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from shoal.models.huge_pages import advise_huge_pages
+from shoal.kernels.huge_pages import advise_huge_pages
 
 
 class ReqToTokenPool:
@@ -61,7 +61,7 @@ class TokenSlotAllocator:
 class KVPool:
     """Per-layer K and V buffers of shape [num_slots + 1, num_kv_heads, head_dim]; on the CPU in
     transparent huge pages (decode attention reads each request's rows where they lie, scattered
-    over the buffer: `shoal.models.huge_pages`)."""
+    over the buffer: `shoal.kernels.huge_pages`)."""
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:

@@ -14,13 +14,15 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from shoal.config import CpuKernels
 from shoal.engine.attention import TorchNativeBackend
 from shoal.engine.kv_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from shoal.engine.threads import RankThreads, forward_threads
-from shoal.models import ModelConfig, fused_decode, get_model_class, greedy_head, layer_kernels
+from shoal.kernels import KernelArgs, prepare
+from shoal.model_config import ModelConfig
+from shoal.models import get_model_class
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.layers import head_shard
-from shoal.models.linear_kernels import prepare_linears
 from shoal.models.loader import load_checkpoint
 from shoal.models.parallel import ParallelGroup, pp_layer_range
 
@@ -52,7 +54,8 @@ class ModelRunner:
                  tp: ParallelGroup, *, pp_rank: int = 0, pp_size: int = 1,
                  max_total_tokens: int | None = None, max_running_requests: int,
                  context_length: int, world: ParallelGroup = ParallelGroup(),
-                 threads: RankThreads | None = None, quantization: str = "none") -> None:
+                 threads: RankThreads | None = None, quantization: str = "none",
+                 cpu_kernels: CpuKernels = "auto") -> None:
         self.device = device
         self.dtype = dtype
         self.tp = tp
@@ -65,14 +68,9 @@ class ModelRunner:
         with torch.device(device), _default_dtype(dtype):
             self.model = model_class(config, tp, start_layer, end_layer)
         load_checkpoint(self.model, model_path)
-        fused = fused_decode.enabled_for(device, dtype, tp.size, quantization != "none")
-        prepare_linears(self.model, quantization,
-                        None if threads is None else (threads.base, threads.large_forward))
-        layer_kernels.prepare(self.model, device, dtype)
-        if fused:
-            self.model.prepare_fused_decode()
-        if greedy_head.enabled_for(device, dtype, tp.size, quantization != "none"):
-            self.model.prepare_greedy_head()
+        kernels = prepare(self.model, KernelArgs(
+            cpu_kernels, device, dtype, tp.size, quantization,
+            None if threads is None else (threads.base, threads.large_forward)))
 
         num_layers = end_layer - start_layer
         num_kv_heads = head_shard(config.num_heads, config.num_kv_heads, tp).num_kv_heads
@@ -83,7 +81,8 @@ class ModelRunner:
         self.token_allocator = TokenSlotAllocator(self.max_total_tokens, device)
         self.kv_pool = KVPool(num_layers, self.max_total_tokens, num_kv_heads, config.head_dim,
                               dtype, device)
-        self.attn_backend = TorchNativeBackend(self.kv_pool, self.req_to_token_pool)
+        self.attn_backend = TorchNativeBackend(self.kv_pool, self.req_to_token_pool,
+                                               kernels.in_place_decode)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, hidden: torch.Tensor | None = None,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.models.linear_kernels import LARGE_FORWARD_TOKENS
+from shoal.kernels.linear_kernels import LARGE_FORWARD_TOKENS
 
 
 def torch_threads_per_rank(num_cores: int, ranks_on_this_host: int, spare_core: bool) -> int:

@@ -10,6 +10,10 @@ import zmq
 
 from shoal.ipc.messages import AnyMessage, Message, decode, encode
 
+# synchronous sockets (no zmq.asyncio): every call returns its result, not an awaitable
+Socket = zmq.Socket[bytes]
+Context = zmq.Context[Socket]
+
 
 @dataclass(frozen=True)
 class Endpoints:
@@ -39,31 +43,31 @@ def make_run_dir(path: str) -> str:
     return path
 
 
-def pull_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
-    sock = ctx.socket(zmq.PULL)
+def pull_socket(ctx: Context, endpoint: str) -> Socket:
+    sock: Socket = ctx.socket(zmq.PULL)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.bind(endpoint)
     return sock
 
 
-def push_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
-    sock = ctx.socket(zmq.PUSH)
+def push_socket(ctx: Context, endpoint: str) -> Socket:
+    sock: Socket = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(endpoint)
     return sock
 
 
-def send(sock: zmq.Socket, message: Message) -> None:
+def send(sock: Socket, message: Message) -> None:
     sock.send(encode(message), copy=False)
 
 
-def recv(sock: zmq.Socket) -> AnyMessage:
+def recv(sock: Socket) -> AnyMessage:
     return decode(sock.recv(copy=False).bytes)
 
 
-def recv_nowait(sock: zmq.Socket) -> list[AnyMessage]:
-    messages = []
+def recv_nowait(sock: Socket) -> list[AnyMessage]:
+    messages: list[AnyMessage] = []
     while True:
         try:
             frame = sock.recv(zmq.NOBLOCK, copy=False)

@@ -1,23 +1,21 @@
-"""Our own model implementations, looked up by the checkpoint's `architectures[0]`."""
+"""Our model implementation, looked up by the checkpoint's `architectures[0]`: the generic
+decoder (`shoal.models.decoder`) for every family `shoal.models.families` describes."""
 
 from __future__ import annotations
 
-from shoal.models.config import ModelConfig, UnsupportedModelError
-from shoal.models.llama import LlamaForCausalLM
+from shoal.model_config import UnsupportedModelError
+from shoal.models.decoder import DecoderForCausalLM
+from shoal.models.families import FAMILIES
 
-# Qwen2 is Llama plus a q/k/v bias, which ModelConfig.qkv_bias carries.
-MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-}
+SUPPORTED_ARCHITECTURES = tuple(sorted(FAMILIES))
 
 
-def get_model_class(architecture: str) -> type[LlamaForCausalLM]:
-    if architecture not in MODEL_REGISTRY:
+def get_model_class(architecture: str) -> type[DecoderForCausalLM]:
+    if architecture not in FAMILIES:
         raise UnsupportedModelError(
-            f"unsupported architecture {architecture!r}; supported: {sorted(MODEL_REGISTRY)}")
-    return MODEL_REGISTRY[architecture]
+            f"unsupported architecture {architecture!r}; "
+            f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+    return DecoderForCausalLM
 
 
-__all__ = ["MODEL_REGISTRY", "LlamaForCausalLM", "ModelConfig", "UnsupportedModelError",
-           "get_model_class"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "DecoderForCausalLM", "get_model_class"]

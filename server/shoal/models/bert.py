@@ -17,49 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.model_config import BertConfig
 from shoal.models.loader import TensorSlice
 
-ENCODER_ARCHITECTURES = frozenset({"BertModel"})
 POOLING_MODES = ("mean", "cls", "max")
-
-
-def is_encoder_model(model_path: str | Path) -> bool:
-    """Whether the checkpoint at `model_path` is an embedding model this module serves."""
-    config = Path(model_path) / "config.json"
-    if not config.is_file():
-        return False
-    architectures = json.loads(config.read_text()).get("architectures") or []
-    return bool(ENCODER_ARCHITECTURES.intersection(architectures))
-
-
-@dataclass(frozen=True)
-class BertConfig:
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    type_vocab_size: int
-    layer_norm_eps: float
-    hidden_act: str
-
-    @classmethod
-    def from_pretrained(cls, model_path: str | Path) -> BertConfig:
-        raw = json.loads((Path(model_path) / "config.json").read_text())
-        if raw.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{model_path}: only absolute position embeddings are supported, "
-                             f"not {raw['position_embedding_type']!r}")
-        if raw.get("hidden_act", "gelu") not in ("gelu", "gelu_new"):
-            raise ValueError(f"{model_path}: unsupported activation {raw['hidden_act']!r}")
-        return cls(vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
-                   num_hidden_layers=raw["num_hidden_layers"],
-                   num_attention_heads=raw["num_attention_heads"],
-                   intermediate_size=raw["intermediate_size"],
-                   max_position_embeddings=raw["max_position_embeddings"],
-                   type_vocab_size=raw.get("type_vocab_size", 2),
-                   layer_norm_eps=raw.get("layer_norm_eps", 1e-12),
-                   hidden_act=raw.get("hidden_act", "gelu"))
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,14 @@ Parameters are created with `torch.empty`, so build models under the target devi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.models import layer_kernels
-from shoal.models.config import RopeConfig
-from shoal.models.linear_kernels import LinearKernel
+from shoal.kernels import layer_kernels
+from shoal.kernels.interface import LinearProduct, Norm
 from shoal.models.loader import TensorSlice, read_cols, read_rows
 from shoal.models.parallel import ParallelGroup
 
@@ -27,14 +25,15 @@ def _parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape), requires_grad=False)
 
 
-class _Linear(nn.Module):
-    """A layer whose `weight` [out, in] takes part in matrix products. They run through
-    `linear_kernel`, which `shoal.models.linear_kernels.prepare_linears` sets once the weights
-    are loaded (the stored layout, quantization and kernels measured on this host); until then
-    they are `F.linear`."""
+class Linear(nn.Module):
+    """A layer whose `weight` [out, in] takes part in matrix products (a
+    `shoal.kernels.interface.KernelLinear`). They run through `linear_kernel`, which
+    `shoal.kernels.prepare` sets once the weights are loaded (the stored layout, quantization and
+    kernels measured on this host); until then, and with `--cpu-kernels torch`, they are
+    `F.linear`."""
 
     weight: nn.Parameter
-    linear_kernel: LinearKernel | None = None
+    linear_kernel: LinearProduct | None = None
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.linear_kernel
@@ -46,7 +45,8 @@ def _add_bias(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """`cpu_kernels`: computed by `shoal.models.layer_kernels` (set by its `prepare`)."""
+    """`cpu_kernels`: computed by `shoal.kernels.layer_kernels` (a
+    `shoal.kernels.interface.LayerOps`, set by `shoal.kernels.prepare`)."""
 
     cpu_kernels = False
 
@@ -71,47 +71,8 @@ class RMSNorm(nn.Module):
     def load_weight(self, param: str, source: TensorSlice, shard: str | None) -> None:
         self.weight.copy_(source[:])
 
-
-class RotaryEmbedding:
-    """Neox-style (rotate-half) rotary embedding; cos/sin computed per forward from positions."""
-
-    def __init__(self, head_dim: int, rope: RopeConfig) -> None:
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (rope.theta ** exponents)
-        if rope.rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, rope)
-        self.inv_freq = inv_freq
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and the half-negated sin of shape [num_tokens, 1, head_dim], broadcasting over
-        heads, as `apply_rotary` takes them."""
-        freqs = positions[:, None].float() * self.inv_freq
-        cos = torch.cat((freqs, freqs), dim=-1)[:, None, :].cos()
-        sin = torch.cat((-freqs, freqs), dim=-1)[:, None, :].sin()
-        return cos.to(dtype), sin.to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE, x * cos + rotate_half(x) * sin, with the sign of rotate_half folded
-    into `sin` (sin(-a) = -sin(a) exactly) to save a negation per call."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
-    """Llama 3.1 scaling: low frequencies divided by `factor`, a smooth ramp in between."""
-    assert rope.original_max_position_embeddings is not None
-    old_len = rope.original_max_position_embeddings
-    low_freq_wavelen = old_len / rope.low_freq_factor
-    high_freq_wavelen = old_len / rope.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = (old_len / wavelen - rope.low_freq_factor) / (
-        rope.high_freq_factor - rope.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
+    def declared(self) -> Norm:
+        return Norm(self.weight, self.eps)
 
 
 @dataclass(frozen=True)
@@ -150,7 +111,7 @@ def _balanced(total: int, parts: int, index: int) -> tuple[int, int]:
     return index * base + min(index, extra), base + (1 if index < extra else 0)
 
 
-class QKVParallelLinear(_Linear):
+class QKVParallelLinear(Linear):
     """Fused q/k/v projection. Each rank owns a contiguous block of query heads and the KV
     heads they read; when there are fewer KV heads than ranks, each KV head is replicated."""
 
@@ -179,7 +140,7 @@ class QKVParallelLinear(_Linear):
         getattr(self, param)[offset:offset + size].copy_(read_rows(source, start, size))
 
 
-class GateUpParallelLinear(_Linear):
+class GateUpParallelLinear(Linear):
     """Fused gate and up projections, split along the intermediate dimension."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, tp: ParallelGroup) -> None:
@@ -196,7 +157,7 @@ class GateUpParallelLinear(_Linear):
         self.weight[offset:offset + self.size].copy_(read_rows(source, self.start, self.size))
 
 
-class RowParallelLinear(_Linear):
+class RowParallelLinear(Linear):
     """Split along the input dimension; partial outputs are summed across ranks. `in_shard`
     (start, size) overrides the even split, e.g. to follow an uneven split of attention heads."""
 
@@ -219,7 +180,7 @@ class RowParallelLinear(_Linear):
             self.weight.copy_(read_cols(source, self.start, self.size))
 
 
-class VocabParallelEmbedding(_Linear):
+class VocabParallelEmbedding(Linear):
     """Each rank holds ceil(vocab / tp) rows; the last rank's tail rows are zero padding."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: ParallelGroup) -> None:

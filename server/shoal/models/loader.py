@@ -1,11 +1,16 @@
 """Read a safetensors checkpoint one tensor at a time, handing each rank only its shard.
 
 `safe_open(...).get_slice(name)` reads nothing until indexed, so a layer that narrows a slice
-(`source[start:end]`) pulls just its rows or columns from disk.
+(`source[start:end]`) pulls just its rows or columns from disk. A sharded checkpoint is the
+files its `model.safetensors.index.json` names (other *.safetensors beside them, such as a
+Mistral repository's `consolidated.safetensors`, are not read); without an index, every
+*.safetensors in the folder. Tensors in bf16 or fp16 are converted to the model's dtype as
+they are copied in.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,8 +42,19 @@ def read_cols(source: TensorSlice, start: int, size: int) -> torch.Tensor:
     return source[:, start:start + size]
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
 def checkpoint_files(model_path: str | Path) -> list[Path]:
-    files = sorted(Path(model_path).glob("*.safetensors"))
+    folder = Path(model_path)
+    index = folder / INDEX_FILE
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [name for name in names if not (folder / name).exists()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are not there: {missing}")
+        return [folder / name for name in names]
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_path}")
     return files

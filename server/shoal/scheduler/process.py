@@ -34,8 +34,7 @@ from shoal.ipc import sockets
 from shoal.ipc.messages import ComponentReady
 from shoal.lifecycle import StartupFailed
 from shoal.metrics.scheduler_metrics import SchedulerStats
-from shoal.models import ModelConfig
-from shoal.models.bert import is_encoder_model
+from shoal.model_config import ModelConfig, is_encoder_model
 from shoal.models.parallel import ParallelGroup
 from shoal.ports import free_port
 from shoal.scheduler.consensus import ConsensusChecker
@@ -133,7 +132,7 @@ def build_scheduler(args: ServerArgs, ctx: RankContext,
         max_running_requests=sched_config.max_running_requests,
         context_length=sched_config.context_length,
         world=ParallelGroup(rank=layout.rank, size=layout.world_size, group=groups.control),
-        threads=ctx.threads, quantization=args.quantization)
+        threads=ctx.threads, quantization=args.quantization, cpu_kernels=args.cpu_kernels)
     tokenizer = load_tokenizer(model_path)
     eos_ids = set(config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
