@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from shoal_operator.config import OperatorConfig
@@ -22,6 +23,11 @@ def reconcile(kube: Kube, namespace: str, name: str, config: OperatorConfig) -> 
         return None
     md = ModelDeployment.from_body(body, config.default_image)
     observed = Observed.from_objects(*kube.list_children(namespace, name))
+    autoscaled = {r.name for r in md.spec.roles() if r.autoscaling is not None}
+    if autoscaled:  # the signals of each ready node-0 pod (the planner counts Ready groups)
+        leaders = [p for p in observed.pods if p.role in autoscaled and p.node_rank == 0
+                   and p.ready and p.live and p.pod_ip and p.owner_uid == md.uid]
+        observed = replace(observed, signals=tuple(sorted(kube.read_signals(leaders).items())))
     result = plan(md, observed, datetime.now(UTC), config)
     for action in result.actions:
         logger.info("%s/%s: %s", namespace, name, action.describe())
