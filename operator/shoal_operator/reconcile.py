@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from shoal_operator.config import OperatorConfig
 from shoal_operator.kube import Kube
+from shoal_operator.metrics import OperatorMetrics
 from shoal_operator.observed import Observed
 from shoal_operator.planner import plan
 from shoal_operator.spec import ModelDeployment
@@ -15,9 +16,11 @@ from shoal_operator.spec import ModelDeployment
 logger = logging.getLogger(__name__)
 
 
-def reconcile(kube: Kube, namespace: str, name: str, config: OperatorConfig) -> float | None:
+def reconcile(kube: Kube, namespace: str, name: str, config: OperatorConfig,
+              metrics: OperatorMetrics) -> float | None:
     """Returns the seconds after which time alone changes the plan (None: only a change does).
-    Stops at the first failing action; the next pass reads everything back again."""
+    Stops at the first failing action; the next pass reads everything back again. `metrics`
+    counts the pass once its actions are all carried out."""
     body = kube.read_model_deployment(namespace, name)
     if body is None:
         return None
@@ -32,4 +35,5 @@ def reconcile(kube: Kube, namespace: str, name: str, config: OperatorConfig) -> 
     for action in result.actions:
         logger.info("%s/%s: %s", namespace, name, action.describe())
         kube.apply(body, action)
+    metrics.observe(md, result.actions)
     return result.requeue_after
