@@ -64,19 +64,7 @@ def decide(rules: Autoscaling, record: ScalingRecord, current: int,
            groups: Sequence[GroupSignal], now: datetime) -> Decision:
     """The role's replicas now, from its `current` spec replicas, its groups, and `record`
     (the recommendations and changes of earlier passes)."""
-    counted = [g.value for g in groups if g.ready and not g.failed and g.value is not None]
-    starting = sum(1 for g in groups if not g.ready and not g.failed)
-    bounded = min(max(current, rules.min_replicas), rules.max_replicas)
-    if not counted:
-        signal = None
-        recommended = bounded
-        why = f"no Ready group reports {rules.metric}"
-    else:
-        total = sum(counted)
-        signal = round(total / len(counted), 4)
-        recommended = _clamp(_raw(total, len(counted), starting, current, rules.target), rules)
-        why = (f"{rules.metric} averages {signal:g} over {len(counted)} Ready group(s) "
-               f"(target {rules.target:g})")
+    signal, ready, recommended, why = _recommend(rules, current, groups)
     stamp = format_time(now)
     history = record.recommendations
     if not history or history[-1].replicas != recommended:
@@ -108,13 +96,29 @@ def decide(rules: Autoscaling, record: ScalingRecord, current: int,
     desired = _clamp(desired, rules)
     reason = f"{why}: {recommended} recommended, {desired} wanted{held}"
     out = ScalingRecord(role=record.role, metric=rules.metric, signal=signal,
-                        ready_groups=len(counted), desired_replicas=desired, reason=reason,
+                        ready_groups=ready, desired_replicas=desired, reason=reason,
                         recommendations=history, changes=changes,
                         last_decision=record.last_decision)
     if desired != current:
         change = ScaleChange(stamp, current, desired, reason)
         out = replace(out, changes=(*changes, change), last_decision=change)
     return Decision(desired, out)
+
+
+def _recommend(rules: Autoscaling, current: int, groups: Sequence[GroupSignal]
+               ) -> tuple[float | None, int, int, str]:
+    """(the average signal, the groups averaged, the recommended replicas, why) for this pass
+    alone (steps 1-2 and the bounds)."""
+    counted = [g.value for g in groups if g.ready and not g.failed and g.value is not None]
+    if not counted:
+        return None, 0, _clamp(current, rules), f"no Ready group reports {rules.metric}"
+    starting = sum(1 for g in groups if not g.ready and not g.failed)
+    total = sum(counted)
+    signal = round(total / len(counted), 4)
+    recommended = _clamp(_raw(total, len(counted), starting, current, rules.target), rules)
+    return signal, len(counted), recommended, (
+        f"{rules.metric} averages {signal:g} over {len(counted)} Ready group(s) "
+        f"(target {rules.target:g})")
 
 
 def _raw(total: float, counted: int, starting: int, current: int, target: float) -> int:
