@@ -3,7 +3,8 @@
 Pods are parsed from their API objects (camelCase dicts): the group, replica, node rank,
 incarnation and template hash from the labels the builders put there, readiness, and how the
 container ended (`state.terminated`: exit code, the platform's reason such as `OOMKilled`,
-the termination message).
+the termination message). For autoscaling, the load signals of each Ready group's node-0
+server, parsed from its /metrics (Prometheus text).
 """
 
 from __future__ import annotations
