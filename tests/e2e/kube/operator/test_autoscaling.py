@@ -8,12 +8,16 @@ failed."""
 from __future__ import annotations
 
 import itertools
+import json
+import re
 import threading
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.kube.operator.conftest import ENGINE_ARGS, GROUP_READY_S, ONE_CORE_EACH, Deployments
+from tests.support.helm import CHART
 from tests.support.wait import wait_until
 
 NAME = "auto"
@@ -24,6 +28,7 @@ SPEC = {"replicas": 1,
                         "target": 2, "behavior": {
                             "scaleDown": {"stabilizationWindowSeconds": 30, "maxGroups": 1,
                                           "periodSeconds": 15}}}}
+DASHBOARD = CHART / "dashboards" / "shoal.json"
 CLIENTS = 6  # concurrent requests: 5 queued behind the one running
 BURST_S = 480.0  # the burst's own bound
 
@@ -95,6 +100,8 @@ def test_a_burst_scales_to_two_groups_that_both_serve_and_back_to_one(
     assert burst.results and all(code == 200 for _, code, _ in burst.results), \
         [r for r in burst.results if r[1] != 200][:5]
 
+    _dashboard_engine_metrics_are_live(first)
+
     up = deployments.status(NAME)["autoscaling"][0]
     assert up["role"] == "engine" and up["metric"] == "queuedRequests"
     wait_until(lambda: deployments.get(NAME)["spec"]["replicas"] == 1, 180,
@@ -105,3 +112,15 @@ def test_a_burst_scales_to_two_groups_that_both_serve_and_back_to_one(
     messages = [e.message for e in deployments.events(NAME) if e.reason == "Scaled"]
     assert any("engine groups 1 -> 2" in m for m in messages), messages
     assert any("engine groups 2 -> 1" in m for m in messages), messages
+
+
+def _dashboard_engine_metrics_are_live(address: str) -> None:
+    """Every engine metric the dashboard names (not the router's or the operator's) is in the
+    served engine's live /metrics after the burst."""
+    text = httpx.get(f"{address}/metrics", timeout=10).text
+    live = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    dashboard = json.loads(DASHBOARD.read_text())
+    named = {name for panel in dashboard["panels"] for target in panel["targets"]
+             for name in re.findall(r"shoal:[a-zA-Z0-9_:]+", target["expr"])
+             if not name.startswith(("shoal:router_", "shoal:operator_"))}
+    assert named and named <= live, named - live
