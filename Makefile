@@ -45,6 +45,7 @@ test: setup kube-tools
 kube-tools:
 	tools/k8s/build.sh
 	tools/helm/build.sh
+	tools/prometheus-operator/crds.sh >/dev/null
 
 # llama.cpp's llama-server, the benchmark's peer: built once into ~/.cache/shoal-tools (not shipped)
 llama-cpp:

@@ -19,6 +19,7 @@ from shoal_operator import handlers
 from shoal_operator.config import DEFAULT_IMAGE, OperatorConfig
 from shoal_operator.kube import Kube, load_api_client
 from shoal_operator.leadership import Leadership
+from shoal_operator.metrics import OperatorMetrics
 
 ENV_PREFIX = "SHOAL_OPERATOR_"
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -40,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="address of the liveness endpoint GET /healthz (e.g. the pod IP)")
     parser.add_argument("--health-port", type=int, default=int(_env("health-port", "8080") or 0),
                         help="its port; 0 turns it off")
+    parser.add_argument("--metrics-port", type=int,
+                        default=int(_env("metrics-port", "0") or 0),
+                        help="port of GET /metrics (shoal:operator_*, on --health-host); "
+                             "0 (the default) turns it off")
     parser.add_argument("--allow-host-path", action="store_true",
                         default=_env("allow-host-path", "") == "true",
                         help="create pods for ModelDeployments with a hostPath model volume "
@@ -76,7 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     leadership = Leadership(kube, args.leader_election_namespace, args.leader_election_id,
                             f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}") \
         if args.leader_election else None
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.health_host, args.metrics_port)
     memo = kopf.Memo(kube=kube, wakeups=handlers.Wakeups(), leadership=leadership,
+                     metrics=metrics,
                      config=OperatorConfig(default_image=args.default_image,
                                            cluster_domain=args.cluster_domain,
                                            allow_host_path=args.allow_host_path))

@@ -110,5 +110,18 @@ class DeleteNetworkPolicy:
         return f"delete network policy {self.name}"
 
 
-Action = (ReplaceStatus | EmitEvent | DeletePods | CreateService | CreatePods | CreateDeployment
-          | PatchDeployment | DeleteRouter | ApplyNetworkPolicy | DeleteNetworkPolicy)
+@dataclass(frozen=True)
+class ScaleRole:
+    """The autoscaler's replicas for a role: spec.replicas through the scale subresource
+    (colocated groups), or spec.disaggregation.<role>.replicas."""
+
+    role: str
+    replicas: int
+
+    def describe(self) -> str:
+        return f"scale {self.role} to {self.replicas} groups"
+
+
+Action = (ReplaceStatus | ScaleRole | EmitEvent | DeletePods | CreateService | CreatePods
+          | CreateDeployment | PatchDeployment | DeleteRouter | ApplyNetworkPolicy
+          | DeleteNetworkPolicy)

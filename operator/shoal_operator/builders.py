@@ -63,6 +63,8 @@ def engine_env(md: ModelDeployment, config: OperatorConfig, replica: int, node_r
         leader = names.pod_name(md.name, role.name, replica, 0)
         host = names.pod_host(md.name, md.namespace, leader, config.cluster_domain, role.name)
         values["SHOAL_DIST_INIT_ADDR"] = f"{host}:{names.DIST_INIT_PORT}"
+    if role.autoscaling is not None:  # its signals are read from /metrics
+        values["SHOAL_ENABLE_METRICS"] = "true"
     if md.spec.model.path:
         values["SHOAL_MODEL_PATH"] = md.spec.model.path
     if md.spec.model.served_name:

@@ -16,3 +16,4 @@ class OperatorConfig:
     # a ModelDeployment's hostPath model volume mounts a folder of the node into a pod that the
     # operator creates with its own rights: refused unless the operator is told otherwise
     allow_host_path: bool = False
+    autoscaling_interval_s: float = 15.0  # how often an autoscaled role's signals are read

@@ -103,7 +103,7 @@ async def keep_model_deployment(namespace: str | None, name: str, memo: kopf.Mem
                 continue
             try:
                 delay = await asyncio.to_thread(reconcile, memo.kube, namespace, name,
-                                                memo.config)
+                                                memo.config, memo.metrics)
             except ApiException as exc:
                 logger.info("%s/%s: pass stopped by the API (%s %s); retrying", namespace, name,
                             exc.status, exc.reason)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
 from typing import Any
 
 import kubernetes
@@ -31,9 +34,13 @@ from shoal_operator.actions import (
     EmitEvent,
     PatchDeployment,
     ReplaceStatus,
+    ScaleRole,
 )
+from shoal_operator.observed import EngineSignals, PodState
 
 logger = logging.getLogger(__name__)
+
+METRICS_TIMEOUT_S = 2.0
 
 NOT_FOUND, CONFLICT = 404, 409
 
@@ -116,6 +123,19 @@ class Kube:
             self.coordination.replace_namespaced_lease(name, namespace, _body(body),
                                                     _request_timeout=timeout_s)
 
+    def read_signals(self, pods: Iterable[PodState]) -> dict[str, EngineSignals]:
+        """Each pod's engine /metrics (Prometheus text), by its group; a pod that does not
+        answer is left out (its group's signal is then not counted)."""
+        found = {}
+        for pod in pods:
+            url = f"http://{pod.pod_ip}:{names.HTTP_PORT}/metrics"
+            try:
+                with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT_S) as response:
+                    found[pod.group] = EngineSignals.from_metrics(response.read().decode())
+            except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors
+                logger.warning("no signals from %s (%s): %s", pod.name, url, exc)
+        return found
+
     def apply(self, md_body: dict[str, Any], action: Action) -> None:
         """Carry out one action. Creating what exists and deleting what is gone are no-ops; a
         status write conflicts (409) when the ModelDeployment changed since it was read."""
@@ -124,6 +144,18 @@ class Kube:
             self.custom.replace_namespaced_custom_object_status(
                 names.GROUP, names.VERSION, namespace, names.PLURAL,
                 md_body["metadata"]["name"], {**md_body, "status": action.status})
+        elif isinstance(action, ScaleRole):
+            name = md_body["metadata"]["name"]
+            if action.role == names.ENGINE_ROLE:
+                self.custom.patch_namespaced_custom_object_scale(
+                    names.GROUP, names.VERSION, namespace, names.PLURAL, name,
+                    {"spec": {"replicas": action.replicas}},
+                    _content_type="application/merge-patch+json")
+            else:
+                self.custom.patch_namespaced_custom_object(
+                    names.GROUP, names.VERSION, namespace, names.PLURAL, name,
+                    {"spec": {"disaggregation": {action.role: {"replicas": action.replicas}}}},
+                    _content_type="application/merge-patch+json")
         elif isinstance(action, EmitEvent):
             _create(lambda: self.core.create_namespaced_event(namespace, _body(action.event)))
         elif isinstance(action, CreateService):

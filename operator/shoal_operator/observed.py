@@ -3,7 +3,8 @@
 Pods are parsed from their API objects (camelCase dicts): the group, replica, node rank,
 incarnation and template hash from the labels the builders put there, readiness, and how the
 container ended (`state.terminated`: exit code, the platform's reason such as `OOMKilled`,
-the termination message).
+the termination message). For autoscaling, the load signals of each Ready group's node-0
+server, parsed from its /metrics (Prometheus text).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from shoal_operator import names
 from shoal_operator.status import parse_time
@@ -95,6 +98,34 @@ def _container_end(status: dict[str, Any]) -> ContainerEnd | None:
     return None
 
 
+# spec.autoscaling's metric -> the engine's gauge (docs/operations.md)
+SIGNAL_GAUGES = {"queuedRequests": "shoal:num_queue_reqs",
+                 "runningRequests": "shoal:num_running_reqs",
+                 "kvCacheUsage": "shoal:token_usage"}
+
+
+@dataclass(frozen=True)
+class EngineSignals:
+    """The load signals one server's /metrics reported (a gauge it did not report: None)."""
+
+    values: tuple[tuple[str, float], ...] = ()
+
+    def value(self, metric: str) -> float | None:
+        return dict(self.values).get(metric)
+
+    @classmethod
+    def from_metrics(cls, text: str) -> EngineSignals:
+        """From the Prometheus text format; a gauge of several samples is summed."""
+        by_gauge = {gauge: metric for metric, gauge in SIGNAL_GAUGES.items()}
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                metric = by_gauge.get(sample.name)
+                if metric is not None:
+                    found[metric] = found.get(metric, 0.0) + float(sample.value)
+        return cls(tuple(sorted(found.items())))
+
+
 @dataclass(frozen=True)
 class Observed:
     """A ModelDeployment's pods, Services, Deployments (the router's) and NetworkPolicies as
@@ -105,6 +136,7 @@ class Observed:
     services: frozenset[str] = frozenset()
     deployments: tuple[tuple[str, str], ...] = ()
     network_policies: tuple[tuple[str, str], ...] = ()
+    signals: tuple[tuple[str, EngineSignals], ...] = ()  # by group: its node-0 /metrics
 
     @classmethod
     def from_objects(cls, pods: list[dict[str, Any]], services: list[dict[str, Any]],
@@ -121,6 +153,10 @@ class Observed:
 
     def network_policy_hash(self, name: str) -> str | None:
         return dict(self.network_policies).get(name)
+
+    def signal(self, group: str, metric: str) -> float | None:
+        found = dict(self.signals).get(group)
+        return None if found is None else found.value(metric)
 
 
 def _hashes(objects: Sequence[dict[str, Any]]) -> tuple[tuple[str, str], ...]:

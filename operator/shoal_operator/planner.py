@@ -12,6 +12,9 @@ groups, or `prefill` and `decode` groups; a role it no longer runs has no replic
    (failures.py); a group past its backoff gets its missing pods;
 3. during a rollout, surge groups are kept, and outdated groups are replaced within
    maxUnavailable (rollout.py); groups beyond `replicas` are removed, highest first;
+3a. with autoscaling, the role's replicas are decided from its groups' signals
+   (autoscaling.py); a change is written to the spec, with an Event, and planned by the next
+   pass;
 4. the status is rebuilt from all of that, and written (after the Events, before any pod is
    touched) when it changed, so counts and deadlines are on record before pods go. An Event's
    name is derived from what it reports: one repeated by a pass after a crash is not created
@@ -43,7 +46,9 @@ from shoal_operator.actions import (
     PatchDeployment,
     PodRef,
     ReplaceStatus,
+    ScaleRole,
 )
+from shoal_operator.autoscaling import GroupSignal, decide
 from shoal_operator.conditions import Summary, conditions, phase, refused_conditions
 from shoal_operator.config import OperatorConfig
 from shoal_operator.failures import Fail, Restart, Wait, judge
@@ -53,6 +58,7 @@ from shoal_operator.rollout import GroupHealth, groups_to_replace, surge_replica
 from shoal_operator.spec import ModelDeployment, Role
 from shoal_operator.status import (
     GroupRecord,
+    ScalingRecord,
     format_deadline,
     format_time,
     parse_time,
@@ -119,6 +125,8 @@ class _Pass:
         self.events: list[EmitEvent] = []
         self.deletes: list[DeletePods | DeleteRouter | DeleteNetworkPolicy] = []
         self.creates: list[Action] = []
+        self.scales: list[ScaleRole] = []
+        self.scaling: list[ScalingRecord] = []
         self.waits: list[float] = []
 
     def run(self) -> Plan:
@@ -131,14 +139,16 @@ class _Pass:
         for name in names.SERVER_ROLES:
             role = self.md.spec.role(name)
             role_kept, role_retiring = self._plan_role(role)
+            role_desired = [v for v in role_kept if v.record.replica < role.replicas]
             kept += role_kept
-            desired += [v for v in role_kept if v.record.replica < role.replicas]
+            desired += role_desired
             retiring += role_retiring
+            self._autoscale(role, role_desired)
         status = self._status(kept, desired, retiring)
         actions: list[Action] = [*self.events]
         if status != self.md.status.raw:
             actions.append(ReplaceStatus(status))
-        actions += [*self.deletes, *self.creates]
+        actions += [*self.scales, *self.deletes, *self.creates]
         return Plan(tuple(actions), min(self.waits, default=None))
 
     def _plan_role(self, role: Role) -> tuple[list[GroupView], list[GroupRecord]]:
@@ -299,6 +309,26 @@ class _Pass:
                 retiring.append(record.with_phase("Terminating"))
         return retiring
 
+    def _autoscale(self, role: Role, desired: list[GroupView]) -> None:
+        """With the role's autoscaling: decide its replicas from its groups' signals; a change
+        is written to the spec (then planned by the next pass) with an Event."""
+        rules = role.autoscaling
+        if rules is None:
+            return
+        groups = [GroupSignal(v.record.name, v.ready, v.record.failed,
+                              self.observed.signal(v.record.name, rules.metric))
+                  for v in desired]
+        decision = decide(rules, self.md.status.scaling_of(role.name), role.replicas, groups,
+                          self.now)
+        self.scaling.append(decision.record)
+        self.waits.append(self.config.autoscaling_interval_s)
+        if decision.replicas != role.replicas:
+            self.scales.append(ScaleRole(role.name, decision.replicas))
+            stamp = self.now.strftime("%Y%m%d%H%M%S")
+            self._event(f"{self.md.name}.{self.md.uid[:8]}.scale-{role.name}-{stamp}", "Scaled",
+                        f"{role.name} groups {role.replicas} -> {decision.replicas}: "
+                        f"{decision.reason}", "Normal")
+
     # -- status ------------------------------------------------------------------------------
 
     def _status(self, kept: list[GroupView], desired: list[GroupView],
@@ -325,7 +355,7 @@ class _Pass:
                         f":{names.HTTP_PORT}",
             "groups": [v.record.to_dict() for v in kept] + [r.to_dict() for r in retiring],
             "conditions": conditions(summary, md.status, md.generation, self.now),
-        }
+        } | ({"autoscaling": [r.to_dict() for r in self.scaling]} if self.scaling else {})
 
     # -- actions -----------------------------------------------------------------------------
 
@@ -370,8 +400,8 @@ class _Pass:
         if gone:
             self.deletes.append(DeletePods(group, gone, grace, why))
 
-    def _event(self, name: str, reason: str, message: str) -> None:
-        self.events.append(EmitEvent(builders.build_event(self.md, name, reason, "Warning",
+    def _event(self, name: str, reason: str, message: str, kind: str = "Warning") -> None:
+        self.events.append(EmitEvent(builders.build_event(self.md, name, reason, kind,
                                                           message, self.now)))
 
 

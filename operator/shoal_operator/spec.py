@@ -56,15 +56,45 @@ class Model:
     volume: dict[str, Any] | None = None  # {persistentVolumeClaim: ...} or {hostPath: ...}
 
 
+QUEUED_REQUESTS, RUNNING_REQUESTS, KV_CACHE_USAGE = "queuedRequests", "runningRequests", \
+    "kvCacheUsage"
+SIGNALS = (QUEUED_REQUESTS, RUNNING_REQUESTS, KV_CACHE_USAGE)
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    """One direction of `autoscaling.behavior` (as the HPA's): a recommendation must hold for
+    the whole window before it is followed, and at most `max_groups` groups are added (or
+    removed) within any `period_s`."""
+
+    stabilization_window_s: int
+    max_groups: int
+    period_s: int
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """A role's replicas follow the average of `metric` over its Ready groups, aiming at
+    `target` per group."""
+
+    min_replicas: int
+    max_replicas: int
+    metric: str  # one of SIGNALS
+    target: float
+    scale_up: ScalingRules = ScalingRules(0, 4, 15)
+    scale_down: ScalingRules = ScalingRules(300, 1, 60)
+
+
 @dataclass(frozen=True)
 class Role:
-    """One kind of group: colocated servers (`engine`: spec.engine, spec.replicas), or the
-    prefill or decode servers of spec.disaggregation (spec.engine's args and env, the role's
-    own replicas, tp, pp, nnodes and resources)."""
+    """One kind of group: colocated servers (`engine`: spec.engine, spec.replicas,
+    spec.autoscaling), or the prefill or decode servers of spec.disaggregation (spec.engine's
+    args and env, the role's own replicas, tp, pp, nnodes, resources and autoscaling)."""
 
     name: str
     replicas: int
     engine: Engine
+    autoscaling: Autoscaling | None = None
 
 
 @dataclass(frozen=True)
@@ -101,10 +131,11 @@ class Spec:
     router: Router | None = None
     api_key_secret: SecretKeyRef | None = None  # spec.auth.apiKeySecretRef
     network_policy: NetworkPolicy = NetworkPolicy()
+    autoscaling: Autoscaling | None = None  # of the colocated groups
 
     @property
     def colocated(self) -> Role:
-        return Role(names.ENGINE_ROLE, self.replicas, self.engine)
+        return Role(names.ENGINE_ROLE, self.replicas, self.engine, self.autoscaling)
 
     def roles(self) -> tuple[Role, ...]:
         """The groups to run: prefill and decode groups when disaggregated (then no colocated
@@ -169,6 +200,7 @@ def parse_spec(raw: dict[str, Any], default_image: str) -> Spec:
         router=_router(raw.get("router")),
         api_key_secret=_secret_ref((raw.get("auth") or {}).get("apiKeySecretRef")),
         network_policy=_network_policy(raw.get("networkPolicy") or {}),
+        autoscaling=_autoscaling(raw.get("autoscaling"), "spec.autoscaling", QUEUED_REQUESTS),
     )
 
 
@@ -180,8 +212,41 @@ def _disaggregation(raw: dict[str, Any] | None, engine: Engine) -> tuple[Role, R
         given = raw.get(name) or {}
         return Role(name, int(given.get("replicas", 1)), replace(
             engine, tp=int(given.get("tp", 1)), pp=int(given.get("pp", 1)),
-            nnodes=int(given.get("nnodes", 1)), resources=dict(given.get("resources") or {})))
+            nnodes=int(given.get("nnodes", 1)), resources=dict(given.get("resources") or {})),
+            _autoscaling(given.get("autoscaling"), f"spec.disaggregation.{name}.autoscaling",
+                         DEFAULT_ROLE_SIGNAL[name]))
     return role(names.PREFILL_ROLE), role(names.DECODE_ROLE)
+
+
+DEFAULT_ROLE_SIGNAL = {names.PREFILL_ROLE: QUEUED_REQUESTS, names.DECODE_ROLE: KV_CACHE_USAGE}
+
+
+def _autoscaling(raw: dict[str, Any] | None, where: str, default_metric: str) -> Autoscaling | None:
+    """The block as the CRD validates it; a bad value raises ValueError naming the field (for
+    an object stored before the CRD checked it)."""
+    if raw is None:
+        return None
+    behavior = raw.get("behavior") or {}
+    scaling = Autoscaling(
+        min_replicas=int(raw.get("minReplicas", 1)), max_replicas=int(raw["maxReplicas"]),
+        metric=str(raw.get("metric", default_metric)), target=float(raw["target"]),
+        scale_up=_rules(behavior.get("scaleUp") or {}, Autoscaling.scale_up),
+        scale_down=_rules(behavior.get("scaleDown") or {}, Autoscaling.scale_down))
+    if scaling.metric not in SIGNALS:
+        raise ValueError(f"{where}.metric: {scaling.metric!r} is not one of {SIGNALS}")
+    if not 1 <= scaling.min_replicas <= scaling.max_replicas:
+        raise ValueError(f"{where}: need 1 <= minReplicas <= maxReplicas")
+    if scaling.target <= 0:
+        raise ValueError(f"{where}.target: must be > 0")
+    return scaling
+
+
+def _rules(raw: dict[str, Any], default: ScalingRules) -> ScalingRules:
+    return ScalingRules(
+        stabilization_window_s=int(raw.get("stabilizationWindowSeconds",
+                                           default.stabilization_window_s)),
+        max_groups=int(raw.get("maxGroups", default.max_groups)),
+        period_s=int(raw.get("periodSeconds", default.period_s)))
 
 
 def _router(raw: dict[str, Any] | None) -> Router | None:

@@ -117,8 +117,80 @@ class GroupRecord:
 
 
 @dataclass(frozen=True)
+class Recommendation:
+    """What the autoscaler recommended at `time`; it stands until the next one."""
+
+    time: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ScaleChange:
+    """One change of a role's replicas by the autoscaler."""
+
+    time: str
+    from_replicas: int
+    to_replicas: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "from": self.from_replicas, "to": self.to_replicas,
+                "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ScaleChange:
+        return cls(time=str(raw["time"]), from_replicas=int(raw["from"]),
+                   to_replicas=int(raw["to"]), reason=str(raw.get("reason", "")))
+
+
+@dataclass(frozen=True)
+class ScalingRecord:
+    """A role's autoscaling memory (status.autoscaling[]): what it saw last (`signal`, the
+    average over `ready_groups`), what it wants (`desired_replicas`), the recommendations
+    within its longest stabilization window, the changes within its longest step period, and
+    the last change ever made."""
+
+    role: str
+    metric: str = ""
+    signal: float | None = None
+    ready_groups: int = 0
+    desired_replicas: int = 0
+    reason: str = ""
+    recommendations: tuple[Recommendation, ...] = ()
+    changes: tuple[ScaleChange, ...] = ()
+    last_decision: ScaleChange | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "role": self.role, "metric": self.metric, "readyGroups": self.ready_groups,
+            "desiredReplicas": self.desired_replicas, "reason": self.reason,
+            "recommendations": [{"time": r.time, "replicas": r.replicas}
+                                for r in self.recommendations],
+            "changes": [c.to_dict() for c in self.changes]}
+        if self.signal is not None:
+            out["signal"] = self.signal
+        if self.last_decision is not None:
+            out["lastDecision"] = self.last_decision.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ScalingRecord:
+        signal, last = raw.get("signal"), raw.get("lastDecision")
+        return cls(role=str(raw["role"]), metric=str(raw.get("metric", "")),
+                   signal=None if signal is None else float(signal),
+                   ready_groups=int(raw.get("readyGroups", 0)),
+                   desired_replicas=int(raw.get("desiredReplicas", 0)),
+                   reason=str(raw.get("reason", "")),
+                   recommendations=tuple(Recommendation(str(r["time"]), int(r["replicas"]))
+                                         for r in raw.get("recommendations") or ()),
+                   changes=tuple(ScaleChange.from_dict(c) for c in raw.get("changes") or ()),
+                   last_decision=ScaleChange.from_dict(last) if last else None)
+
+
+@dataclass(frozen=True)
 class RecordedStatus:
     groups: tuple[GroupRecord, ...] = ()
+    scaling: tuple[ScalingRecord, ...] = ()
     restarts_by_reason: dict[str, int] = field(default_factory=dict)
     conditions: tuple[dict[str, Any], ...] = ()
     raw: dict[str, Any] = field(default_factory=dict)  # as read, to tell whether it changed
@@ -126,12 +198,17 @@ class RecordedStatus:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RecordedStatus:
         return cls(groups=tuple(GroupRecord.from_dict(g) for g in raw.get("groups") or ()),
+                   scaling=tuple(ScalingRecord.from_dict(s)
+                                 for s in raw.get("autoscaling") or ()),
                    restarts_by_reason={str(k): int(v) for k, v in
                                        (raw.get("restartsByReason") or {}).items()},
                    conditions=tuple(raw.get("conditions") or ()), raw=raw)
 
     def group(self, name: str) -> GroupRecord | None:
         return next((g for g in self.groups if g.name == name), None)
+
+    def scaling_of(self, role: str) -> ScalingRecord:
+        return next((s for s in self.scaling if s.role == role), ScalingRecord(role))
 
     def condition(self, kind: str) -> dict[str, Any] | None:
         return next((c for c in self.conditions if c.get("type") == kind), None)

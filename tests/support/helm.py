@@ -26,6 +26,7 @@ RELEASE, NAMESPACE = "shoal", "shoal-system"
 OPERATOR_PERMISSIONS = frozenset(
     [("shoal.dev", "modeldeployments", verb) for verb in ("get", "list", "watch", "patch")]
     + [("shoal.dev", "modeldeployments/status", "update"),
+       ("shoal.dev", "modeldeployments/scale", "patch"),
        ("shoal.dev", "modeldeployments/finalizers", "update")]
     + [("", "pods", verb) for verb in ("list", "watch", "create", "delete")]
     + [("", "services", verb) for verb in ("list", "create", "delete")]

@@ -29,6 +29,7 @@ CLIENT_VERBS = {"get": "get", "read": "get", "list": "list", "create": "create",
                 "replace": "update", "patch": "patch", "delete": "delete"}
 CLIENT_RESOURCES = {"custom_object": (names.GROUP, names.PLURAL),
                     "custom_object_status": (names.GROUP, f"{names.PLURAL}/status"),
+                    "custom_object_scale": (names.GROUP, f"{names.PLURAL}/scale"),
                     "pod": ("", "pods"), "service": ("", "services"), "event": ("", "events"),
                     "deployment": ("apps", "deployments"),
                     "network_policy": ("networking.k8s.io", "networkpolicies"),

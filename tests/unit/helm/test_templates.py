@@ -62,7 +62,8 @@ def test_operator_runs_non_root_read_only_with_probes_on_its_health_endpoint() -
                                             "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
     assert "volumeMounts" not in container and "volumes" not in pod
-    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "health", "containerPort": 8080, "protocol": "TCP"},
+                                  {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["command"] == ["python", "-m", "shoal_operator"]

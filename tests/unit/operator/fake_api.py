@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -23,8 +24,9 @@ from shoal_operator.actions import (
     EmitEvent,
     PatchDeployment,
     ReplaceStatus,
+    ScaleRole,
 )
-from shoal_operator.observed import Observed
+from shoal_operator.observed import EngineSignals, Observed
 from shoal_operator.planner import Plan, plan
 from shoal_operator.spec import ModelDeployment
 from tests.unit.operator.factories import CONFIG, end_pod, md_body
@@ -39,6 +41,7 @@ class FakeApi:
         self.network_policies: dict[str, dict[str, Any]] = {}
         self.events: dict[str, dict[str, Any]] = {}
         self.created: list[str] = []  # every pod creation, in order
+        self.signals: dict[str, EngineSignals] = {}  # by group: what its node-0 /metrics says
         self._uids = itertools.count(1)
 
     # -- what the operator reads back -----------------------------------------------------
@@ -47,10 +50,11 @@ class FakeApi:
         return ModelDeployment.from_body(copy.deepcopy(self.body), CONFIG.default_image)
 
     def observed(self) -> Observed:
-        return Observed.from_objects(copy.deepcopy(list(self.pods.values())),
-                                     list(self.services.values()),
-                                     list(self.deployments.values()),
-                                     list(self.network_policies.values()))
+        observed = Observed.from_objects(copy.deepcopy(list(self.pods.values())),
+                                         list(self.services.values()),
+                                         list(self.deployments.values()),
+                                         list(self.network_policies.values()))
+        return replace(observed, signals=tuple(sorted(self.signals.items())))
 
     def plan(self, now: datetime) -> Plan:
         return plan(self.md(), self.observed(), now, CONFIG)
@@ -67,6 +71,12 @@ class FakeApi:
             self.body["status"] = json.loads(json.dumps(action.status))
             self.body["metadata"]["resourceVersion"] = str(
                 int(self.body["metadata"]["resourceVersion"]) + 1)
+        elif isinstance(action, ScaleRole):
+            spec = self.body["spec"]
+            target = spec if action.role == names.ENGINE_ROLE else \
+                spec["disaggregation"][action.role]
+            target["replicas"] = action.replicas
+            self.body["metadata"]["generation"] += 1
         elif isinstance(action, EmitEvent):
             self.events.setdefault(action.event["metadata"]["name"], action.event)
         elif isinstance(action, CreateService):

@@ -15,6 +15,7 @@ import yaml
 
 from shoal.lifecycle import Reason
 from shoal_operator import names
+from shoal_operator.observed import EngineSignals
 from shoal_operator.spec import RECREATABLE, parse_spec
 from tests.unit.operator.factories import CONFIG, Clock
 from tests.unit.operator.fake_api import FakeApi
@@ -134,3 +135,49 @@ def test_auth_and_network_policy_are_declared_and_read(schema: dict[str, Any]) -
     assert parsed.network_policy.enabled and parsed.network_policy.client_namespaces == ("apps",)
     with pytest.raises(jsonschema.ValidationError, match="'key' is a required property"):
         jsonschema.validate({"spec": {"auth": {"apiKeySecretRef": {"name": "k"}}}}, schema)
+
+
+def test_autoscaling_is_declared_defaulted_and_read(schema: dict[str, Any]) -> None:
+    spec_schema = schema["properties"]["spec"]
+    spec = {"autoscaling": {"maxReplicas": 4, "target": 2,
+                            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 60}}}}
+    jsonschema.validate({"spec": spec}, schema)
+    assert _undeclared(spec, spec_schema) == []
+    parsed = parse_spec(_default(copy.deepcopy(spec), spec_schema), CONFIG.default_image)
+    assert parsed.autoscaling is not None and parsed.colocated.autoscaling == parsed.autoscaling
+    assert (parsed.autoscaling.min_replicas, parsed.autoscaling.metric) == (1, "queuedRequests")
+    assert parsed.autoscaling.scale_down.stabilization_window_s == 60
+    assert parsed.autoscaling.scale_down.max_groups == 1  # the operator's default
+    pd = {"disaggregation": {"prefill": {"autoscaling": {"maxReplicas": 2, "target": 4}},
+                             "decode": {"autoscaling": {"maxReplicas": 3, "target": 0.7}}}}
+    jsonschema.validate({"spec": pd}, schema)
+    assert _undeclared(pd, spec_schema) == []
+    prefill, decode = parse_spec(pd, CONFIG.default_image).roles()
+    assert prefill.autoscaling is not None and prefill.autoscaling.metric == "queuedRequests"
+    assert decode.autoscaling is not None and decode.autoscaling.metric == "kvCacheUsage"
+    with pytest.raises(jsonschema.ValidationError, match="'target' is a required property"):
+        jsonschema.validate({"spec": {"autoscaling": {"maxReplicas": 2}}}, schema)
+    with pytest.raises(jsonschema.ValidationError, match="is not one of"):
+        jsonschema.validate({"spec": {"autoscaling": {"maxReplicas": 2, "target": 1,
+                                                      "metric": "cpu"}}}, schema)
+
+
+@pytest.mark.parametrize(("autoscaling", "field"), [
+    ({"maxReplicas": 2, "target": 1, "metric": "cpu"}, "spec.autoscaling.metric"),
+    ({"minReplicas": 3, "maxReplicas": 2, "target": 1}, "spec.autoscaling"),
+    ({"maxReplicas": 2, "target": 0}, "spec.autoscaling.target"),
+])
+def test_a_bad_autoscaling_block_names_its_field(autoscaling: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        parse_spec({"autoscaling": autoscaling}, CONFIG.default_image)
+
+
+def test_the_autoscaling_status_is_declared(schema: dict[str, Any]) -> None:
+    clock = Clock()
+    api = FakeApi({"autoscaling": {"maxReplicas": 2, "target": 2}})
+    api.converge(clock.now)
+    api.signals = {"llm-0": EngineSignals((("queuedRequests", 6.0),))}
+    api.step(clock.advance(15))
+    assert api.status["autoscaling"][0]["lastDecision"]["to"] == 2
+    assert _undeclared(api.status, schema["properties"]["status"]) == []
+    jsonschema.validate(api.status, schema["properties"]["status"])

@@ -33,6 +33,19 @@ INVALID = [
     ({"router": {"policy": "fastest"}}, "spec.router.policy"),
     ({"model": {"volume": {}}}, "spec.model.volume"),
     ({"engine": {"tp": "two"}}, "spec.engine.tp"),
+    ({"autoscaling": {"target": 2}}, "spec.autoscaling.maxReplicas"),
+    ({"autoscaling": {"maxReplicas": 2, "target": 0}}, "spec.autoscaling"),
+    ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "target": 1}}, "spec.autoscaling"),
+    ({"autoscaling": {"maxReplicas": 2, "target": 1, "metric": "cpu"}},
+     "spec.autoscaling.metric"),
+    ({"autoscaling": {"maxReplicas": 2, "target": 1},
+      "disaggregation": {"prefill": {}, "decode": {}}}, "spec"),
+    ({"disaggregation": {"prefill": {"autoscaling": {"maxReplicas": 2, "target": 1,
+                                                     "metric": "kvCacheUsage"}}}},
+     "spec.disaggregation"),
+    ({"disaggregation": {"decode": {"autoscaling": {"maxReplicas": 2, "target": 1,
+                                                    "metric": "queuedRequests"}}}},
+     "spec.disaggregation"),
 ]
 
 
