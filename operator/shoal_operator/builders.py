@@ -21,7 +21,7 @@ from typing import Any
 
 from shoal_operator import names
 from shoal_operator.config import OperatorConfig
-from shoal_operator.spec import ModelDeployment, Role
+from shoal_operator.spec import NVIDIA_GPU, Engine, ModelDeployment, Role
 from shoal_operator.status import format_time
 
 READINESS_PERIOD_S = 3
@@ -50,8 +50,8 @@ def _metadata(md: ModelDeployment, name: str, labels: dict[str, str]) -> dict[st
 
 def engine_env(md: ModelDeployment, config: OperatorConfig, replica: int, node_rank: int,
                role: Role | None = None) -> list[dict[str, Any]]:
-    """The operator's SHOAL_* variables (DESIGN.md 8), then the user's `engine.env`; a user
-    variable of the same name replaces the operator's."""
+    """The operator's SHOAL_* variables (docs/kubernetes.md), then the user's `engine.env`; a
+    user variable of the same name replaces the operator's."""
     role = role or md.spec.colocated
     engine = role.engine
     mode = "null" if role.name == names.ENGINE_ROLE else role.name
@@ -63,6 +63,8 @@ def engine_env(md: ModelDeployment, config: OperatorConfig, replica: int, node_r
         leader = names.pod_name(md.name, role.name, replica, 0)
         host = names.pod_host(md.name, md.namespace, leader, config.cluster_domain, role.name)
         values["SHOAL_DIST_INIT_ADDR"] = f"{host}:{names.DIST_INIT_PORT}"
+    if engine.accelerator == NVIDIA_GPU:
+        values["SHOAL_DEVICE"] = "cuda"
     if role.autoscaling is not None:  # its signals are read from /metrics
         values["SHOAL_ENABLE_METRICS"] = "true"
     if md.spec.model.path:
@@ -99,6 +101,16 @@ def _volumes(md: ModelDeployment) -> tuple[list[dict[str, Any]], list[dict[str, 
     return volumes, mounts
 
 
+def engine_resources(engine: Engine) -> dict[str, Any]:
+    """The engine container's resources as given; on GPUs, one `nvidia.com/gpu` per rank of the
+    pod in its limits (extended resources are requested as they are limited)."""
+    if engine.accelerator != NVIDIA_GPU:
+        return engine.resources
+    resources = copy.deepcopy(engine.resources)
+    resources.setdefault("limits", {})[NVIDIA_GPU] = engine.ranks_per_pod
+    return resources
+
+
 def pod_spec(md: ModelDeployment, config: OperatorConfig, replica: int, node_rank: int,
              role: Role | None = None) -> dict[str, Any]:
     role = role or md.spec.colocated
@@ -112,7 +124,7 @@ def pod_spec(md: ModelDeployment, config: OperatorConfig, replica: int, node_ran
         "env": engine_env(md, config, replica, node_rank, role), "ports": ports,
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
                            "periodSeconds": READINESS_PERIOD_S, "timeoutSeconds": 2},
-        "resources": role.engine.resources, "volumeMounts": mounts,
+        "resources": engine_resources(role.engine), "volumeMounts": mounts,
         "terminationMessagePath": names.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),

@@ -39,6 +39,9 @@ class Rollout:
     max_surge: int = 0
 
 
+CPU, NVIDIA_GPU = "cpu", "nvidia.com/gpu"  # spec.engine.accelerator
+
+
 @dataclass(frozen=True)
 class Engine:
     tp: int = 1
@@ -47,6 +50,11 @@ class Engine:
     args: tuple[str, ...] = ()
     env: tuple[dict[str, Any], ...] = ()  # Kubernetes EnvVar objects, as given
     resources: dict[str, Any] = field(default_factory=dict)
+    accelerator: str = CPU  # or NVIDIA_GPU: each rank on a GPU of its own
+
+    @property
+    def ranks_per_pod(self) -> int:
+        return self.tp * self.pp // self.nnodes
 
 
 @dataclass(frozen=True)
@@ -181,7 +189,8 @@ def parse_spec(raw: dict[str, Any], default_image: str) -> Spec:
                          nnodes=int(engine.get("nnodes", 1)),
                          args=tuple(str(a) for a in engine.get("args") or ()),
                          env=tuple(engine.get("env") or ()),
-                         resources=dict(engine.get("resources") or {}))
+                         resources=dict(engine.get("resources") or {}),
+                         accelerator=str(engine.get("accelerator", CPU)))
     return Spec(
         image=raw.get("image") or default_image,
         model=Model(path=model.get("path"), served_name=model.get("servedName"),

@@ -95,3 +95,27 @@ def test_an_event_names_the_model_deployment() -> None:
                                        "kind": "ModelDeployment", "name": "llm",
                                        "namespace": "ns", "uid": MD_UID}
     assert event["firstTimestamp"] == "2026-01-01T00:00:00Z" and event["count"] == 1
+
+
+def test_gpu_pods_ask_for_a_gpu_per_rank_and_run_on_cuda() -> None:
+    """`spec.engine.accelerator: nvidia.com/gpu`: each pod's limits hold one GPU per rank it runs
+    (tp * pp / nnodes), prefill and decode pods each by their own parallelism; CPU pods none."""
+    md = make_md({"engine": {"tp": 4, "pp": 2, "nnodes": 2, "accelerator": "nvidia.com/gpu",
+                             "resources": {"limits": {"memory": "16Gi"}}}})
+    pod = builders.build_pod(md, CONFIG, replica=0, node_rank=1, incarnation=0, hash_="h")
+    assert pod["spec"]["containers"][0]["resources"] == {
+        "limits": {"memory": "16Gi", "nvidia.com/gpu": 4}}
+    assert _env(pod)["SHOAL_DEVICE"] == "cuda"
+    assert md.spec.engine.resources == {"limits": {"memory": "16Gi"}}  # the spec stays as given
+    pd = make_md({"engine": {"accelerator": "nvidia.com/gpu"},
+                  "disaggregation": {"prefill": {"tp": 2}, "decode": {"tp": 1}}})
+    prefill, decode = pd.spec.disaggregation
+    for role, gpus in ((prefill, 2), (decode, 1)):
+        role_pod = builders.build_pod(pd, CONFIG, replica=0, node_rank=0, incarnation=0,
+                                      hash_="h", role=role)
+        assert role_pod["spec"]["containers"][0]["resources"] == {
+            "limits": {"nvidia.com/gpu": gpus}}
+    cpu = builders.build_pod(make_md({"engine": {"tp": 2}}), CONFIG, replica=0, node_rank=0,
+                             incarnation=0, hash_="h")
+    assert cpu["spec"]["containers"][0]["resources"] == {}
+    assert "SHOAL_DEVICE" not in _env(cpu)
