@@ -20,7 +20,8 @@ from shoal import faults
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.cpu_cores import usable_cores
 from shoal.disaggregation.decode import DecodeTransfer
-from shoal.disaggregation.layout import LocalModel, advertised_host, layout_of, model_fingerprint
+from shoal.disaggregation.kv_map import rank_slice
+from shoal.disaggregation.layout import advertised_host, layout_of, server_layout
 from shoal.disaggregation.prefill import PrefillTransfer
 from shoal.disaggregation.ranks import gather_endpoints
 from shoal.disaggregation.rooms import TransferCounters
@@ -194,9 +195,8 @@ def _make_role(args: ServerArgs, ctx: RankContext, runner: ModelRunner, memory: 
         return ColocatedRole()
     layout = ctx.layout
     ranks = ParallelGroup(rank=layout.rank, size=layout.world_size, group=ctx.groups.control)
-    local = LocalModel(model=served_model_name(args),
-                       fingerprint=model_fingerprint(runner.model_config),
-                       dtype=str(runner.dtype).removeprefix("torch."), tp=args.tp, pp=args.pp)
+    local = server_layout(served_model_name(args), runner.model_config,
+                          str(runner.dtype).removeprefix("torch."), args.tp, args.pp)
     counters = TransferCounters(export=args.enable_metrics)
     host, port = advertised_host(args.host), free_port(args.host)
     inbox = f"tcp://{host}:{port}"
@@ -211,7 +211,8 @@ def _make_role(args: ServerArgs, ctx: RankContext, runner: ModelRunner, memory: 
         session = uuid.uuid4().hex
         endpoints = gather_endpoints(inbox, ranks)
         prefill = PrefillTransfer(
-            transport, layout_of(local, session, endpoints) if server else None,
+            transport, layout.rank, rank_slice(local, layout.rank),
+            layout_of(local, session, endpoints) if server else None,
             args.disaggregation_timeout, counters)
         transport.start(prefill)
         logger.info("prefill role: KV inbox %s%s", inbox,
