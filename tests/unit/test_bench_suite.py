@@ -13,7 +13,7 @@ import pytest
 
 from shoal.bench import suite
 from shoal.bench.acceptance import acceptance
-from shoal.bench.report import KEEP_SECTION, plot_throughput, write_report
+from shoal.bench.report import KEEP_SECTION, PERF_LOG, plot_throughput, write_report
 from shoal.bench.servers import Server
 from shoal.bench.suite import _parser, config_from_args, random_args
 from shoal.bench.suite_runs import (
@@ -277,6 +277,17 @@ def test_report_has_every_table_and_keeps_the_sections_after_where_the_time_goes
     assert text.count(KEEP_SECTION) == 1 and "stale" not in text and "# old" not in text
     assert text.rstrip().endswith("Decode is bound by gathers.\n\n"
                                   "## Router: cache_aware vs round_robin\n\n| policy | TTFT |")
+
+
+def test_a_first_report_points_at_the_performance_log_and_never_writes_it(
+        tmp_path: Path) -> None:
+    log = tmp_path / PERF_LOG
+    log.write_text("# Performance log\n\n## Session 1\n")
+    md = tmp_path / "benchmarks.md"
+    write_report(CFG, results(), {"cpu": "Test CPU"}, 600.0, md, tmp_path / "plot.png")
+    text = md.read_text()
+    assert text.count(KEEP_SECTION) == 1 and f"]({PERF_LOG})" in text
+    assert "Session 1" not in text and log.read_text() == "# Performance log\n\n## Session 1\n"
 
 
 def test_llama_cpp_thread_trials_get_their_table(tmp_path: Path) -> None:
