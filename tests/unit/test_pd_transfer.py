@@ -14,7 +14,7 @@ import torch
 
 from shoal.disaggregation import decode, prefill
 from shoal.disaggregation.decode import DecodeTransfer
-from shoal.disaggregation.kv_map import rank_slice
+from shoal.disaggregation.kv_map import rank_slice, transfer_plan
 from shoal.disaggregation.layout import layout_of
 from shoal.disaggregation.messages import FirstToken, ServerLayout
 from shoal.disaggregation.prefill import PrefillTransfer, gather
@@ -316,8 +316,10 @@ def test_kv_moves_between_servers_that_split_the_model_differently(
             side.open(room, address, len(src))
             _until(side, room, KVPoll.WAITING)
             side.send_dest(room)
-        for side, pool in zip(prefill_side.sides, prefill_side.pools):
+        sources = {piece.src for piece in transfer_plan(p_model, d_model)}
+        for r, (side, pool) in enumerate(zip(prefill_side.sides, prefill_side.pools)):
             _until(side, room, KVPoll.WAITING)
+            assert side.sends_kv(room) == (r in sources)  # a replicated head: one rank sends
             for start in range(0, len(src), 3):
                 side.send_chunk(room, start, *gather(pool, src[start:start + 3]))
             side.send_done(room, len(src), FirstToken(token=7))

@@ -27,6 +27,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import zmq
@@ -181,7 +182,7 @@ class DecodeTransfer:
                           endpoint=self.transport.inbox_endpoint, num_tokens=state.num_tokens,
                           rank=self.rank, num_ranks=self.local.tp * self.local.pp,
                           want=sources.get(src))
-            self.transport.post(lambda t, e=endpoint, d=dest: t.send(e, d))
+            self.transport.post(partial(Transport.send, endpoint=endpoint, message=dest))
 
     def write_chunks(self, room: int, slots: torch.Tensor) -> None:
         """Write what arrived for the room into its slots (the prompt's, position by position).
@@ -222,7 +223,7 @@ class DecodeTransfer:
             endpoints = peer.layout.endpoints if peer is not None and peer.layout else []
         message = KVAbort(room=room, reason=reason)
         for endpoint in endpoints:
-            self.transport.post(lambda t, e=endpoint: t.send(e, message))
+            self.transport.post(partial(Transport.send, endpoint=endpoint, message=message))
 
     def close(self, room: int) -> None:
         with self._lock:

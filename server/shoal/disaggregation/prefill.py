@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import zmq
@@ -151,10 +152,15 @@ class PrefillTransfer:
             part_k, part_v = _cut(k, self.held, dest.want), _cut(v, self.held, dest.want)
             sent += part_k.numel() * part_k.element_size() * 2
             frames = (_frame(part_k), _frame(part_v))
-            self.transport.post(lambda t, d=dest, c=chunk, f=frames: self._send(t, d.endpoint,
-                                                                                 c, f))
+            self.transport.post(partial(self._send, endpoint=dest.endpoint, message=chunk,
+                                        frames=frames))
         if sent:
             self.counters.sent(num_tokens, sent)
+
+    def sends_kv(self, room: int) -> bool:
+        """Whether a decode rank wants some of this rank's KV for the room (a rank holding only
+        KV heads another prefill rank sends gathers nothing)."""
+        return any(dest.want is not None for dest in self._dests(room))
 
     def send_done(self, room: int, num_tokens: int, first: FirstToken) -> None:
         dests = self._dests(room)
@@ -165,7 +171,7 @@ class PrefillTransfer:
         for dest in dests:
             done = KVDone(room=room, session=dest.session, num_tokens=num_tokens,
                           source=self.rank, first=first)
-            self.transport.post(lambda t, d=dest, m=done: self._send(t, d.endpoint, m))
+            self.transport.post(partial(self._send, endpoint=dest.endpoint, message=done))
 
     def abort(self, room: int, reason: str) -> None:
         """The room is over here: fail it and tell its decode, if one is known."""
@@ -177,7 +183,7 @@ class PrefillTransfer:
             endpoints = [dest.endpoint for dest in state.dests.values()]
         message = KVAbort(room=room, reason=reason)
         for endpoint in endpoints:
-            self.transport.post(lambda t, e=endpoint: self._send(t, e, message))
+            self.transport.post(partial(self._send, endpoint=endpoint, message=message))
 
     def close(self, room: int) -> None:
         with self._lock:
