@@ -165,7 +165,7 @@ def make_server(num_slots: int = 2048, chunk: int = 16, role: str = "null",
     if role == "prefill":
         transport = Transport(f"tcp://127.0.0.1:{free_port()}",
                               f"tcp://127.0.0.1:{bootstrap_port}")
-        side = PrefillTransfer(transport, 0, rank_slice(MODEL, 0),
+        side = PrefillTransfer(transport, 0, rank_slice(MODEL, 0), True,
                                layout_of(MODEL, uuid.uuid4().hex, [transport.inbox_endpoint]),
                                timeout_s, counters)
         transport.start(side)

@@ -69,7 +69,7 @@ def make_prefill(model: ServerLayout = MODEL, pool: KVPool | None = None,
     port = free_port()
     transport = Transport(_inbox(), f"tcp://127.0.0.1:{port}")
     announced = layout_of(model, uuid.uuid4().hex, [transport.inbox_endpoint])
-    side = PrefillTransfer(transport, 0, rank_slice(model, 0), announced, timeout_s,
+    side = PrefillTransfer(transport, 0, rank_slice(model, 0), True, announced, timeout_s,
                            TransferCounters(export=False))
     transport.start(side)
     return side, f"127.0.0.1:{port}", transport, pool or _pool(seed=1)
@@ -275,8 +275,10 @@ def prefill_ranks(model: ServerLayout, whole: list[torch.Tensor]) -> tuple[Ranks
     transports = [Transport(_inbox(), f"tcp://127.0.0.1:{port}" if r == 0 else None)
                   for r in range(model.tp * model.pp)]
     announced = layout_of(model, uuid.uuid4().hex, [t.inbox_endpoint for t in transports])
-    sides = [PrefillTransfer(t, r, rank_slice(model, r), announced if r == 0 else None, 30.0,
-                             TransferCounters(export=False)) for r, t in enumerate(transports)]
+    sampler = (model.pp - 1) * model.tp  # TP 0 of the last stage
+    sides = [PrefillTransfer(t, r, rank_slice(model, r), r == sampler,
+                             announced if r == 0 else None, 30.0, TransferCounters(export=False))
+             for r, t in enumerate(transports)]
     for side, transport in zip(sides, transports):
         transport.start(side)
     return Ranks(sides, [_pool_of(model, r, whole) for r in range(len(sides))],
@@ -322,9 +324,11 @@ def test_kv_moves_between_servers_that_split_the_model_differently(
             assert side.sends_kv(room) == (r in sources)  # a replicated head: one rank sends
             for start in range(0, len(src), 3):
                 side.send_chunk(room, start, *gather(pool, src[start:start + 3]))
-            side.send_done(room, len(src), FirstToken(token=7))
+            # only the sampling rank's request state is the real one: the decode takes its
+            side.send_done(room, len(src), FirstToken(token=7 if side.samples else 99))
         for r, (side, pool) in enumerate(zip(decode_side.sides, decode_side.pools)):
             _until(side, room, KVPoll.SUCCESS)
+            assert side.first_token(room).token == 7
             side.write_chunks(room, dst)
             held = rank_slice(d_model, r)
             for i, layer in enumerate(range(held.layer_start, held.layer_end)):

@@ -9,7 +9,8 @@ request.
                           takes from it (`kv_map.transfer_plan`; maybe none); TRANSFERRING
                           (deadline: the timeout, again after each chunk); chunks queue for
                           `write_chunks`
-    (KVDone from every prefill rank, each having sent all its tokens)
+    (KVDone from every prefill rank, each having sent all its tokens; the first token from
+     the prefill's sampling rank)
                           SUCCESS, and a KVAck to every prefill rank
     (an incompatible layout, KVAbort, the prefill's heartbeat lost or its session changed,
      a deadline)          FAILED
@@ -327,14 +328,17 @@ class DecodeTransfer:
             state.deadline = self.clock() + self.timeout_s  # a long prompt is still moving
             return []
         state.done.add(message.source)
+        if message.first is not None:
+            state.first = message.first
         got = state.received.get(message.source, state.num_tokens)
         if message.num_tokens != state.num_tokens or got != state.num_tokens:
             state.fail(f"prefill rank {message.source} sent {got} of {state.num_tokens} prompt "
                        f"tokens")
         elif len(state.done) < len(peer.layout.endpoints):
             return []
+        elif state.first is None:
+            state.fail("the prefill's sampling rank sent no first token")
         else:
-            state.first = message.first
             state.advance(KVPoll.SUCCESS)
         ok = state.state == KVPoll.SUCCESS
         return [(endpoint, KVAck(room=message.room, rank=self.rank, ok=ok,

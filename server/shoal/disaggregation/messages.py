@@ -9,7 +9,8 @@ messages (its own struct family and decoders; nothing is pickled).
                                              and wants this slice of the prefill rank's KV
                            KVAck             every token arrived (or not): the prefill may end
         prefill → decode   KVChunk + 2 raw frames (K, V)   KV of prompt tokens [start, start+n)
-                           KVDone            this prefill rank sent everything; the first token
+                           KVDone            this prefill rank sent everything; from the
+                                             sampling rank, the first token
         either way         KVAbort           the room is over on the sender's side
 
 A chunk's frames hold the K and V of the slice its KVDest wanted (`shoal.disaggregation.kv_map`)
@@ -103,7 +104,7 @@ class KVDone(KVMessage):
     session: str
     num_tokens: int   # the whole prompt, every chunk sent
     source: int       # the sending prefill rank's global rank
-    first: FirstToken
+    first: FirstToken | None  # from the prefill's sampling rank (TP 0 of its last stage) only
 
 
 class KVAck(KVMessage):

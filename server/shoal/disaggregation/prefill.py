@@ -95,14 +95,17 @@ def _inside(want: KVSlice, held: KVSlice) -> bool:
 
 
 class PrefillTransfer:
-    def __init__(self, transport: Transport, rank: int, held: KVSlice,
+    def __init__(self, transport: Transport, rank: int, held: KVSlice, samples: bool,
                  layout: PrefillLayout | None, timeout_s: float, counters: TransferCounters,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """`rank`: this rank's global rank, holding the KV of `held`; `layout`: rank 0's, what
-        the bootstrap server answers (None on the other ranks)."""
+        """`rank`: this rank's global rank, holding the KV of `held`; `samples`: whether it is
+        the server's sampling rank (TP 0 of the last stage), whose request state (generator,
+        logprobs) the first token carries; `layout`: rank 0's, what the bootstrap server
+        answers (None on the other ranks)."""
         self.transport = transport
         self.rank = rank
         self.held = held
+        self.samples = samples
         self.layout = layout
         self.timeout_s = timeout_s
         self.counters = counters
@@ -163,6 +166,8 @@ class PrefillTransfer:
         return any(dest.want is not None for dest in self._dests(room))
 
     def send_done(self, room: int, num_tokens: int, first: FirstToken) -> None:
+        """Tell every decode rank that all of this rank's KV went out; the sampling rank's
+        KVDone carries `first`, the others' none."""
         dests = self._dests(room)
         if not dests:
             return
@@ -170,7 +175,7 @@ class PrefillTransfer:
             self._rooms[room].advance(KVPoll.TRANSFERRING, self.clock() + self.timeout_s)
         for dest in dests:
             done = KVDone(room=room, session=dest.session, num_tokens=num_tokens,
-                          source=self.rank, first=first)
+                          source=self.rank, first=first if self.samples else None)
             self.transport.post(partial(self._send, endpoint=dest.endpoint, message=done))
 
     def abort(self, room: int, reason: str) -> None:

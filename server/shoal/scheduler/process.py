@@ -212,6 +212,7 @@ def _make_role(args: ServerArgs, ctx: RankContext, runner: ModelRunner, memory: 
         endpoints = gather_endpoints(inbox, ranks)
         prefill = PrefillTransfer(
             transport, layout.rank, rank_slice(local, layout.rank),
+            layout.rank == layout.sampler_rank,
             layout_of(local, session, endpoints) if server else None,
             args.disaggregation_timeout, counters)
         transport.start(prefill)
