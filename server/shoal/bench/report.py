@@ -277,9 +277,9 @@ def write_report(cfg: SuiteConfig, res: SuiteResults, machine: dict[str, str],
         "## Single stream", "", *_single_stream(cfg, res), "",
         "## Acceptance", "", *_acceptance_table(criteria), "",
         "The int8 quality criterion (greedy agreement, logprob difference, perplexity) is "
-        "measured by `tests/integration/test_quantization.py`; its figures are under \"Where "
-        "the time goes\". `tests/unit/test_bench_serving.py` checks the benchmark client "
-        "against a fake server with known timings.", "",
+        f"measured by `tests/integration/test_quantization.py`; its figures are in "
+        f"[{PERF_LOG}]({PERF_LOG}). `tests/unit/test_bench_serving.py` checks the benchmark "
+        f"client against a fake server with known timings.", "",
         "## Commands", "",
         "Servers (each on a free 127.0.0.1 port, started and stopped by the suite):", "",
         "```", *res.servers.values(), "```", "",
