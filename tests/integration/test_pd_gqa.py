@@ -4,7 +4,8 @@ server with their own --tp, behind `shoal router`, against a colocated server of
 
 With tp 2 each rank holds a copy of the one KV head: prefill tp 2 -> decode tp 1 takes it from
 prefill rank 0 only, prefill tp 1 -> decode tp 2 sends a copy to each decode rank, tp 2 -> tp 2
-rank r to rank r. Five servers of the tiny model start side by side, then one router per pairing
+rank r to rank r; prefill pp 2 -> decode tp 2 gathers each decode rank's layers from both
+stages. Six servers of the tiny model start side by side, then one router per pairing
 (docs/pd.md)."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tests.support.server import STARTUP_TIMEOUT_S, RunningServer, start_server,
 pytestmark = pytest.mark.timeout(900)
 NEW_TOKENS = 16
 GREEDY = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+SPLITS = {"tp1": ("--tp", "1"), "tp2": ("--tp", "2"), "pp2": ("--pp", "2")}
 SENT = 'shoal:kv_transfer_bytes_total{direction="sent"}'
 RECEIVED = 'shoal:kv_transfer_bytes_total{direction="received"}'
 
@@ -41,11 +43,8 @@ RECEIVED = 'shoal:kv_transfer_bytes_total{direction="received"}'
 class TinyServers:
     path: Path
     colocated: RunningServer
-    prefill: dict[int, RunningServer]  # by --tp
-    decode: dict[int, RunningServer]
-
-    def all(self) -> list[RunningServer]:
-        return [self.colocated, *self.prefill.values(), *self.decode.values()]
+    prefill: dict[str, RunningServer]  # by split: "tp1", "tp2", "pp2"
+    decode: dict[str, RunningServer]    # "tp1", "tp2"
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +61,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, model_path: str) -> Iterator[
     try:
         servers = TinyServers(
             path, start(),
-            {tp: start("--tp", str(tp), "--disaggregation-mode", "prefill",
-                       "--disaggregation-bootstrap-port", str(free_port())) for tp in (1, 2)},
-            {tp: start("--tp", str(tp), "--disaggregation-mode", "decode") for tp in (1, 2)})
+            {split: start(*SPLITS[split], "--disaggregation-mode", "prefill",
+                          "--disaggregation-bootstrap-port", str(free_port()))
+             for split in ("tp1", "tp2", "pp2")},
+            {split: start(*SPLITS[split], "--disaggregation-mode", "decode")
+             for split in ("tp1", "tp2")})
         for server in started:
-            wait_healthy(server, 3 * STARTUP_TIMEOUT_S)  # five servers load side by side
+            wait_healthy(server, 3 * STARTUP_TIMEOUT_S)  # six servers load side by side
         yield servers
     finally:
         for server in started:
@@ -90,11 +91,12 @@ def reference(tiny: TinyServers, prompt_ids: list[list[int]]) -> list[list[int]]
     return generate_all(tiny.colocated.base_url, prompt_ids, GREEDY)
 
 
-@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize(("prefill_split", "decode_split"),
+                         [("tp2", "tp1"), ("tp1", "tp2"), ("tp2", "tp2"), ("pp2", "tp2")])
 def test_one_kv_head_over_two_ranks_on_either_side_equals_a_colocated_server(
         tiny: TinyServers, prompt_ids: list[list[int]], reference: list[list[int]],
-        tmp_path: Path, prefill_tp: int, decode_tp: int) -> None:
-    prefill, decode = tiny.prefill[prefill_tp], tiny.decode[decode_tp]
+        tmp_path: Path, prefill_split: str, decode_split: str) -> None:
+    prefill, decode = tiny.prefill[prefill_split], tiny.decode[decode_split]
     router: RunningRouter = start_router(tmp_path, "--prefill", prefill.base_url, "--decode",
                                          decode.base_url)
     try:
@@ -107,7 +109,7 @@ def test_one_kv_head_over_two_ranks_on_either_side_equals_a_colocated_server(
         wait_idle_and_whole(prefill.base_url, decode.base_url)
         # the one KV head moves once per decode rank (each holds a copy), from one prefill rank
         expected_bytes = sum(len(p) for p in prompt_ids) * bytes_per_token(str(tiny.path)) \
-            * decode_tp
+            * int(SPLITS[decode_split][1])
         assert kv_transfer_counters(prefill.base_url)[SENT] - before_p == expected_bytes
         assert kv_transfer_counters(decode.base_url)[RECEIVED] - before_d == expected_bytes
     finally:
