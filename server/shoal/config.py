@@ -80,6 +80,9 @@ class ServerArgs:
             (self.watchdog_timeout > 0, "--watchdog-timeout must be > 0"),
             (not (self.enable_overlap_schedule and self.disable_overlap_schedule),
              "--enable-overlap-schedule and --disable-overlap-schedule contradict each other"),
+            (not self.enable_overlap_schedule or self.tp * self.pp == 1,
+             f"--enable-overlap-schedule: the overlap loop runs on a single-rank server only "
+             f"(--tp 1 --pp 1); this one has --tp {self.tp} --pp {self.pp}"),
             (1 <= self.port <= 65535, "--port must be in [1, 65535]"),
             (self.context_length is None or self.context_length >= 2,
              "--context-length must be >= 2"),
@@ -131,9 +134,9 @@ class ServerArgs:
         return self.world_size // self.nnodes
 
     def use_overlap_schedule(self, device_type: str) -> bool:
-        """The overlap loop: single-rank servers without speculative decoding only; by default
-        on CUDA, not on CPU, where
-        the forward runs on every core and the loop's worker thread slows it down
+        """The overlap loop: single-rank servers without speculative decoding only (asking for
+        it with more ranks is refused at startup); by default on CUDA, not on CPU, where the
+        forward runs on every core and the loop's worker thread slows it down
         (docs/architecture.md, "The overlap loop")."""
         if self.world_size != 1 or self.disable_overlap_schedule or self.speculation:
             return False

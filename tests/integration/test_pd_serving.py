@@ -1,12 +1,15 @@
-"""Acceptance 1, 2, 3, 6 of issue 13 (prefill/decode disaggregation): the default model served
-by a prefill server and a decode server behind `shoal router`, against a colocated server with
-the same flags: the same tokens, greedy and seeded, with tp 1 and tp 2 on both sides (and `ps`
-showing each server's ranks); the KV bytes accounted for; aborts at every stage and a decode
-killed mid-transfer leaving both pools whole and the prefill serving, the restarted decode
-joining again through the router; the bad inputs refused with clear errors.
+"""Acceptance 1, 2, 3, 6 of issue 13 (prefill/decode disaggregation) and the default model's
+part of issue 50's (prefill and decode with their own --tp): the default model served by a
+prefill server and a decode server behind `shoal router`, against a colocated server with the
+same flags: the same tokens, greedy and seeded, with tp 1 and tp 2 on both sides (and `ps`
+showing each server's ranks), and greedy with tp 2 prefilling for tp 1 and tp 1 for tp 2; the
+KV bytes accounted for; aborts at every stage and a decode killed mid-transfer leaving both
+pools whole and the prefill serving, the restarted decode joining again through the router; the
+bad inputs refused with clear errors.
 
-The tp-2 pair runs first, alone; the tp-1 pair is shared by the rest of the module, and the
-test that kills its decode runs last."""
+The tp-1 pair is shared by the module; the tp-2 pair runs in the first test beside it (pairs of
+one server of each are routers of their own, no more servers), and the test that kills the
+tp-1 pair's decode runs last. A GQA model with fewer KV heads than ranks: test_pd_gqa.py."""
 
 from __future__ import annotations
 
@@ -27,19 +30,23 @@ from tests.support.generate import PROMPTS
 from tests.support.pd import (
     PD_FLAGS,
     PDServers,
+    RunningRouter,
     bytes_per_token,
+    generate_all,
     kv_transfer_counters,
     start_pd,
+    start_router,
+    tiny_llama,
     wait_idle_and_whole,
 )
 from tests.support.reference import assert_same_or_tie
 from tests.support.server import STARTUP_TIMEOUT_S, kill_tree, start_server, wait_healthy
 from tests.support.wait import wait_until
 
-# servers start inside tests (the tp-2 pair): minutes each on a loaded 2-core machine
-pytestmark = pytest.mark.timeout(1200)
+# servers start inside tests (the first one: the colocated reference, the tp-1 pair, the tp-2
+# pair): minutes each on a loaded 2-core machine
+pytestmark = pytest.mark.timeout(1800)
 NEW_TOKENS = 16
-CONCURRENCY = 4  # the prefill's queue stays well inside --disaggregation-timeout
 # the tp-2 pair answers every third prompt (three of them longer than a prefill chunk): its
 # shards, not the prompt mix, are what it adds over the tp-1 pair
 TP2_EVERY = 3
@@ -67,22 +74,6 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PDServers]:
     servers = start_pd(tmp_path_factory.mktemp("pd"), *PD_FLAGS)
     yield servers
     servers.stop()
-
-
-def generate_all(base_url: str, prompts: list[list[int]],
-                 sampling: dict[str, Any]) -> list[list[int]]:
-    async def run() -> list[list[int]]:
-        semaphore = asyncio.Semaphore(CONCURRENCY)
-        async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
-            async def one(i: int, ids: list[int]) -> list[int]:
-                params = {k: (v(i) if callable(v) else v) for k, v in sampling.items()}
-                async with semaphore:
-                    r = await client.post("/generate", json={"input_ids": ids,
-                                                             "sampling_params": params})
-                assert r.status_code == 200, r.text
-                return r.json()["output_ids"]
-            return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
-    return asyncio.run(run())
 
 
 def seed_of(i: int) -> int:
@@ -118,21 +109,41 @@ def assert_greedy_equal(router_url: str, prompt_ids: list[list[int]],
         assert_same_or_tie(model_path, ids, want, out)
 
 
-def test_tp2_on_both_sides_equals_a_colocated_server_and_shows_each_rank(
-        prompt_ids: list[list[int]], reference: dict[str, list[list[int]]],
+def test_tp2_and_tp1_in_every_pairing_equal_a_colocated_server(
+        prompt_ids: list[list[int]], reference: dict[str, list[list[int]]], pd: PDServers,
         tmp_path: Path, model_path: str) -> None:
+    """tp 2 on both sides (greedy and seeded; `ps` shows each server's ranks), then a router of
+    its own for prefill tp 2 -> decode tp 1 and prefill tp 1 -> decode tp 2 (SmolLM2's 3 KV
+    heads: 2 + 1 over two ranks, gathered or split): greedy equal, and the KV bytes moved are
+    the prompts' tokens x the model's KV size on both sides, whatever the split."""
     pair = start_pd(tmp_path, "--tp", "2", *PD_FLAGS)
+    routers: list[RunningRouter] = []
     try:
         for server in (pair.prefill, pair.decode):  # `ps`: one scheduler per rank, per server
             assert {t for t in server.component_pids() if t.startswith("shoal::scheduler")} \
                 == {"shoal::scheduler_TP0", "shoal::scheduler_TP1"}
+        prompts = prompt_ids[::TP2_EVERY]
         picked = {kind: want[::TP2_EVERY] for kind, want in reference.items()}
-        assert_greedy_equal(pair.router.base_url, prompt_ids[::TP2_EVERY], picked, model_path)
         seeded = {**SAMPLING["seeded"], "seed": lambda i: seed_of(i * TP2_EVERY)}
-        assert generate_all(pair.router.base_url, prompt_ids[::TP2_EVERY], seeded) == \
-            picked["seeded"]
-        wait_idle_and_whole(pair.prefill.base_url, pair.decode.base_url)
+        assert generate_all(pair.router.base_url, prompts, seeded) == picked["seeded"]
+        sent = 'shoal:kv_transfer_bytes_total{direction="sent"}'
+        received = 'shoal:kv_transfer_bytes_total{direction="received"}'
+        expected = sum(len(p) for p in prompts) * bytes_per_token(model_path)
+        pairings = [(pair.router, pair.prefill, pair.decode)]
+        for prefill, decode in ((pair.prefill, pd.decode), (pd.prefill, pair.decode)):
+            routers.append(start_router(tmp_path, "--prefill", prefill.base_url, "--decode",
+                                        decode.base_url))
+            pairings.append((routers[-1], prefill, decode))
+        for router, prefill, decode in pairings:
+            before_p = kv_transfer_counters(prefill.base_url).get(sent, 0)
+            before_d = kv_transfer_counters(decode.base_url).get(received, 0)
+            assert_greedy_equal(router.base_url, prompts, picked, model_path)
+            wait_idle_and_whole(prefill.base_url, decode.base_url)
+            assert kv_transfer_counters(prefill.base_url)[sent] - before_p == expected
+            assert kv_transfer_counters(decode.base_url)[received] - before_d == expected
     finally:
+        for router in routers:
+            router.stop()
         pair.stop()
 
 
@@ -266,26 +277,9 @@ def test_an_unreachable_bootstrap_server_fails_the_request_with_a_5xx(pd: PDServ
     assert "bootstrap server at 127.0.0.1:" in message and "did not answer within 30 s" in message
 
 
-def _tiny_model(target: Path, model_path: str) -> None:
-    """A random-weight Llama with the default model's tokenizer: another model, same words."""
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model("llama", vocab_size=49152, hidden_size=64,
-                                  intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2,
-                                  max_position_embeddings=512)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(target)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (Path(model_path) / name).exists():
-            shutil.copy(Path(model_path) / name, target / name)
-
-
 def test_a_prefill_serving_another_model_is_refused_at_the_handshake(
         pd: PDServers, model_path: str, tmp_path: Path) -> None:
-    _tiny_model(tmp_path / "tiny", model_path)
+    tiny_llama(tmp_path / "tiny", model_path)
     bootstrap = free_port()
     tiny = start_server(tmp_path, "--model-path", str(tmp_path / "tiny"), "--served-model-name",
                         "tiny-llama", "--disaggregation-mode", "prefill",

@@ -3,7 +3,9 @@ the PD tests read back from them (/server_info, /metrics)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from tests.support.server import (
 )
 from tests.support.wait import wait_until
 
+CONCURRENCY = 4  # the prefill's queue stays well inside --disaggregation-timeout
 # every PD server of the tests: a small pool, chunks small enough that long prompts take several
 PD_FLAGS = ("--max-total-tokens", "8192", "--chunked-prefill-size", "64", "--enable-metrics",
             "--disaggregation-timeout", "30")
@@ -106,6 +109,24 @@ def start_pd(tmp_dir: Path, *flags: str, decode_flags: tuple[str, ...] = (),
     return PDServers(prefill, decode, router, bootstrap)
 
 
+def generate_all(base_url: str, prompts: list[list[int]],
+                 sampling: dict[str, Any]) -> list[list[int]]:
+    """Each prompt's output ids from /generate, CONCURRENCY at a time; a sampling value that is
+    a function gets the prompt's index."""
+    async def run() -> list[list[int]]:
+        semaphore = asyncio.Semaphore(CONCURRENCY)
+        async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
+            async def one(i: int, ids: list[int]) -> list[int]:
+                params = {k: (v(i) if callable(v) else v) for k, v in sampling.items()}
+                async with semaphore:
+                    r = await client.post("/generate", json={"input_ids": ids,
+                                                             "sampling_params": params})
+                assert r.status_code == 200, r.text
+                return r.json()["output_ids"]
+            return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+    return asyncio.run(run())
+
+
 def scheduler_info(base_url: str) -> dict[str, int]:
     return httpx.get(base_url + "/server_info", timeout=30).json()["scheduler"]
 
@@ -142,3 +163,20 @@ def bytes_per_token(model_path: str) -> int:
     config: dict[str, Any] = json.loads((Path(model_path) / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+
+
+def tiny_llama(target: Path, model_path: str, num_kv_heads: int = 1) -> None:
+    """A random-weight Llama with the default model's tokenizer (another model, same words): 4
+    query heads sharing `num_kv_heads` KV heads, 2 layers."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", vocab_size=49152, hidden_size=64,
+                                  intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=num_kv_heads,
+                                  max_position_embeddings=512)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(model_path) / name).exists():
+            shutil.copy(Path(model_path) / name, target / name)

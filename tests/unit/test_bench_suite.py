@@ -13,7 +13,7 @@ import pytest
 
 from shoal.bench import suite
 from shoal.bench.acceptance import acceptance
-from shoal.bench.report import KEEP_SECTION, plot_throughput, write_report
+from shoal.bench.report import KEEP_SECTION, PERF_LOG, plot_throughput, write_report
 from shoal.bench.servers import Server
 from shoal.bench.suite import _parser, config_from_args, random_args
 from shoal.bench.suite_runs import (
@@ -27,7 +27,6 @@ from shoal.bench.suite_runs import (
     SuiteConfig,
     SuiteResults,
 )
-from shoal.cpu_cores import usable_cores
 from shoal.ports import free_port
 
 CFG = SuiteConfig(concurrencies=(1, 32), extra_shapes=((150, 64),), int8_concurrencies=(1, 32),
@@ -280,6 +279,17 @@ def test_report_has_every_table_and_keeps_the_sections_after_where_the_time_goes
                                   "## Router: cache_aware vs round_robin\n\n| policy | TTFT |")
 
 
+def test_a_first_report_points_at_the_performance_log_and_never_writes_it(
+        tmp_path: Path) -> None:
+    log = tmp_path / PERF_LOG
+    log.write_text("# Performance log\n\n## Session 1\n")
+    md = tmp_path / "benchmarks.md"
+    write_report(CFG, results(), {"cpu": "Test CPU"}, 600.0, md, tmp_path / "plot.png")
+    text = md.read_text()
+    assert text.count(KEEP_SECTION) == 1 and f"]({PERF_LOG})" in text
+    assert "Session 1" not in text and log.read_text() == "# Performance log\n\n## Session 1\n"
+
+
 def test_llama_cpp_thread_trials_get_their_table(tmp_path: Path) -> None:
     res = results()
     res.llama_threads[(1, 1)] = run("llama-t1-c1", serving(20.0, tpot_ms=48.0))
@@ -350,6 +360,7 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     monkeypatch.setattr(suite, "generate_run", fake_run)
     monkeypatch.setattr(suite.Suite, "llama_ggufs", lambda self: (Path("f32"), Path("q8")))
     monkeypatch.setattr(suite.httpx, "post", lambda *a, **k: type("R", (), {"status_code": 200}))
+    monkeypatch.setattr(suite, "usable_cores", lambda: 2)  # the 2-core host's choices, anywhere
     FakeServer.started, FakeServer.dies = [], {SHOAL}
     cfg = SuiteConfig(concurrencies=(1, 4, 32), extra_shapes=((150, 64),),
                       int8_concurrencies=(1,), shared_shapes=((256, 16),), llama_cpp_threads=1,
@@ -358,7 +369,7 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     res = suite.Suite(cfg, tmp_path, Path("bin"),
                       lambda r: phases.append(len(r.serving))).run()
     rounds = [f"-r{r}" for r in (1, 2)]
-    generate = [f"generate-t{n}" for n in cfg.generate_threads(usable_cores())]
+    generate = ["generate-t1", "generate-t2"]  # transformers' generate on 1 and 2 threads
     assert calls == [
         *(name + r for r in rounds for name in (
             "shoal-64x128-c1", "forward-b1", *generate, "llama-cpp-F32-64x128-c1",
@@ -381,7 +392,7 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     # shoal was found dead when the second phase asked for it: started again, the death recorded
     assert FakeServer.started.count(SHOAL) == 2
     assert len(res.errors) == 1 and res.errors[0].startswith(SHOAL + " exited with")
-    assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started or usable_cores() != 2
+    assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
     assert phases == [5, 11, 14, 14, 14]  # after each concurrency, no-radix, the trials
     # the shared-prefix servers come last, alone, with a KV pool sized for their shapes

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,7 +49,31 @@ def test_the_overlap_loop_runs_on_cuda_and_on_cpu_only_when_asked() -> None:
     enabled = parse(["--enable-overlap-schedule"])
     assert enabled.use_overlap_schedule("cpu") and enabled.use_overlap_schedule("cuda")
     assert not parse(["--disable-overlap-schedule"]).use_overlap_schedule("cuda")
-    assert not parse(["--enable-overlap-schedule", "--tp", "2"]).use_overlap_schedule("cpu")
+    assert not parse(["--tp", "2"]).use_overlap_schedule("cuda")  # single-rank only
+
+
+@pytest.mark.parametrize("ranks", [["--tp", "2"], ["--pp", "2"]])
+def test_the_overlap_loop_asked_for_with_several_ranks_is_refused_naming_both(
+        ranks: list[str]) -> None:
+    with pytest.raises(ConfigError, match="--enable-overlap-schedule: the overlap loop runs on "
+                                          "a single-rank server only") as refused:
+        parse(["--enable-overlap-schedule", *ranks])
+    assert f"{ranks[0]} 2" in str(refused.value)
+
+
+def test_serve_refusing_the_overlap_loop_with_tp_2_exits_88_with_a_termination_message(
+        tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    proc = subprocess.run([sys.executable, "-m", "shoal", "serve", "--enable-overlap-schedule",
+                           "--tp", "2"], check=False, capture_output=True, text=True,
+                          timeout=120,
+                          env={**os.environ, "SHOAL_TERMINATION_LOG": str(log)})
+    assert proc.returncode == 88, proc.stderr
+    assert "--enable-overlap-schedule: the overlap loop runs on a single-rank server" in \
+        proc.stderr
+    message = json.loads(log.read_text())
+    assert (message["reason"], message["component"], message["exit_code"]) == (
+        "startup-failed", "serve", 88)
 
 
 def test_a_rank_leaves_a_core_free_only_when_asked() -> None:

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from shoal.disaggregation.decode import DecodeTransfer
-from shoal.disaggregation.layout import LocalModel, layout_of
+from shoal.disaggregation.kv_map import rank_slice
+from shoal.disaggregation.layout import layout_of
+from shoal.disaggregation.messages import ServerLayout
 from shoal.disaggregation.prefill import PrefillTransfer
 from shoal.disaggregation.ranks import KVPoll
 from shoal.disaggregation.rooms import TransferCounters
@@ -47,7 +49,8 @@ from tests.support.wait import wait_until
 
 LAYERS, HEADS, HEAD_DIM = 2, 2, 2
 CONTEXT, MAX_RUNNING = 256, 16
-MODEL = LocalModel(model="kv-model", fingerprint="f", dtype="float32", tp=1, pp=1)
+MODEL = ServerLayout(model="kv-model", fingerprint="f", dtype="float32", num_layers=LAYERS,
+                     num_heads=HEADS, num_kv_heads=HEADS, tp=1, pp=1)
 
 
 class KVModel:
@@ -162,8 +165,8 @@ def make_server(num_slots: int = 2048, chunk: int = 16, role: str = "null",
     if role == "prefill":
         transport = Transport(f"tcp://127.0.0.1:{free_port()}",
                               f"tcp://127.0.0.1:{bootstrap_port}")
-        side = PrefillTransfer(transport, layout_of(MODEL, uuid.uuid4().hex,
-                                                    [transport.inbox_endpoint]),
+        side = PrefillTransfer(transport, 0, rank_slice(MODEL, 0), True,
+                               layout_of(MODEL, uuid.uuid4().hex, [transport.inbox_endpoint]),
                                timeout_s, counters)
         transport.start(side)
         transports.append(transport)

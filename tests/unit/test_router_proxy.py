@@ -35,6 +35,7 @@ class FakeWorker:
 
     mode: str = "null"
     bootstrap_port: int = 8998
+    model: str = "fake"
     reply: str = "ok"
     delay_s: float = 0.0
     healthy: bool = True
@@ -61,7 +62,7 @@ class FakeWorker:
         async def info() -> Any:
             return {"disaggregation_mode": self.mode,
                     "disaggregation_bootstrap_port": self.bootstrap_port,
-                    "served_model_name": "fake"}
+                    "served_model_name": self.model}
 
         @app.get("/v1/models")
         async def models() -> Any:
@@ -131,15 +132,16 @@ class Router:
 def start_router() -> Iterator[Any]:
     running: list[uvicorn.Server] = []
 
-    def start(**kwargs: Any) -> Router:
+    def start(wait_healthy: bool = True, **kwargs: Any) -> Router:
         args = RouterArgs(port=free_port(), **{"health_check_interval": 0.2, **kwargs})
         server = uvicorn.Server(uvicorn.Config(create_app(args), host="127.0.0.1",
                                                port=args.port, log_level="warning"))
         threading.Thread(target=server.run, daemon=True).start()
         running.append(server)
         router = Router(args, server)
-        wait_until(lambda: server.started and _status(router.url + "/health") == 200, 10,
-                   "the router is healthy")
+        wait_until(lambda: server.started and (
+            _status(router.url + "/health") == 200 or not wait_healthy), 10,
+            "the router is healthy")
         return router
 
     yield start
@@ -328,6 +330,28 @@ def test_a_server_of_the_wrong_mode_is_never_used(start_router: Any,
     wait_until(lambda: len(prefill.bodies) == 3, 5,
                "the prefill got all three")  # sent beside the decode's, which answers the client
     assert len(prefill.bodies) == 3 and not misnamed.bodies
+
+
+def test_a_prefill_is_paired_only_with_a_decode_of_its_model(
+        start_router: Any, workers: list[FakeWorker]) -> None:
+    """Any prefill with any decode of the same model (their tp and pp may differ); a prefill
+    with no such decode is not used, and no pair at all leaves the router unhealthy."""
+    alone = _spawn(workers, mode="prefill", model="other", bootstrap_port=9001)
+    prefill = _spawn(workers, mode="prefill", model="m", bootstrap_port=9002)
+    decodes = [_spawn(workers, mode="decode", model="m") for _ in range(2)]
+    router = start_router(prefills=(alone.url, prefill.url),
+                          decodes=tuple(d.url for d in decodes), policy="round_robin")
+    for _ in range(4):
+        assert router.post("/generate", {"text": "x"}).status_code == 200
+    wait_until(lambda: len(prefill.bodies) == 4, 5, "the prefill of the decodes' model got all")
+    assert not alone.bodies and [len(d.bodies) for d in decodes] == [2, 2]
+
+    lonely = start_router(prefills=(alone.url,), decodes=(decodes[0].url,),
+                          wait_healthy=False)
+    wait_until(lambda: all(w["healthy"] for w in httpx.get(
+        lonely.url + "/server_info").json()["workers"]), 5, "both workers checked, healthy")
+    assert _status(lonely.url + "/health") == 503
+    assert lonely.post("/generate", {"text": "x"}).status_code == 503
 
 
 def test_service_discovery_follows_the_dns_records(start_router: Any, workers: list[FakeWorker],

@@ -5,8 +5,8 @@ The event loop (uvicorn's) reads the api PULL socket whenever its descriptor sig
 (`_drain`), routing `BatchStrOut` chunks by rid and `ComponentReady` into the readiness table.
 `start()` registers that reader on the running loop, so constructing a manager needs no event
 loop. A plain socket read until it is empty, not `zmq.asyncio`: at one stream every token is a
-message, and with this and the disconnect watcher below the api's CPU a streamed token went from
-0.57 to 0.40 ms (docs/benchmarks.md).
+message, and this and the disconnect watcher below cut the api's CPU a streamed token
+(docs/perf-log.md).
 
 A request whose client goes away is aborted: `generate`'s iterator sends an `AbortReq` when it is
 closed or cancelled before the request finished, and while it runs a task of its own polls

@@ -1,5 +1,7 @@
 """The `make bench` report: docs/benchmarks.md (machine, workload, tables, the acceptance ratios,
-exact commands) and the throughput plot, from a finished suite run."""
+exact commands) and the throughput plot, from a finished suite run. The report's hand-written
+part, from "Where the time goes" to the end, is kept as it is; the history of runs lives in
+docs/perf-log.md, which the suite never writes."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from shoal.cpu_cores import usable_cores
 from shoal.engine.threads import torch_threads_per_rank
 
 KEEP_SECTION = "## Where the time goes"
+PERF_LOG = "perf-log.md"  # beside the report: the hand-written history of runs
 CPU_FLAGS = ("avx", "fma", "f16c", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
@@ -274,9 +277,9 @@ def write_report(cfg: SuiteConfig, res: SuiteResults, machine: dict[str, str],
         "## Single stream", "", *_single_stream(cfg, res), "",
         "## Acceptance", "", *_acceptance_table(criteria), "",
         "The int8 quality criterion (greedy agreement, logprob difference, perplexity) is "
-        "measured by `tests/integration/test_quantization.py`; its figures are under \"Where "
-        "the time goes\". `tests/unit/test_bench_serving.py` checks the benchmark client "
-        "against a fake server with known timings.", "",
+        f"measured by `tests/integration/test_quantization.py`; its figures are in "
+        f"[{PERF_LOG}]({PERF_LOG}). `tests/unit/test_bench_serving.py` checks the benchmark "
+        f"client against a fake server with known timings.", "",
         "## Commands", "",
         "Servers (each on a free 127.0.0.1 port, started and stopped by the suite):", "",
         "```", *res.servers.values(), "```", "",
@@ -295,13 +298,14 @@ def write_report(cfg: SuiteConfig, res: SuiteResults, machine: dict[str, str],
 
 def _kept_sections(md_path: Path) -> list[str]:
     """An existing report from its hand-written "Where the time goes" section to the end: that
-    section and whatever other benchmarks appended after it."""
+    section (a pointer to the performance log, docs/perf-log.md, which the suite never writes)
+    and the other benchmarks' sections after it."""
     if md_path.exists():
         text = md_path.read_text()
         if KEEP_SECTION in text:
             return [text[text.index(KEEP_SECTION):].rstrip(), ""]
-    return [KEEP_SECTION, "", "(Written by hand after a run: profiles and what limits each "
-            "number.)", ""]
+    return [KEEP_SECTION, "", f"Profiles of the runs and the experiments between them: "
+            f"[{PERF_LOG}]({PERF_LOG}) (written by hand).", ""]
 
 
 def plot_throughput(cfg: SuiteConfig, res: SuiteResults, png_path: Path) -> None:

@@ -19,8 +19,8 @@ One run on one machine, the same workload for everyone:
     3. `llama-server` F32 at the other thread counts, at concurrency 1 and the ratio concurrency.
 Every serving run is `shoal bench serving` as a subprocess; its command line goes into the report.
 Writes docs/benchmarks.md (from its section "Where the time goes" to the end, an existing file
-is kept) and docs/benchmarks_throughput.png after each phase, so that a run cut short leaves
-what it measured; raw JSON goes to --results-dir.
+is kept; docs/perf-log.md is never written) and docs/benchmarks_throughput.png after each
+phase, so that a run cut short leaves what it measured; raw JSON goes to --results-dir.
 
 `python -m shoal.bench.suite --quick` is a few-minute smoke version of the same run.
 """

@@ -1,33 +1,31 @@
 """What a prefill server announces to the decode servers it feeds, and whether a decode server
-can take its KV: the same model, dtype and parallel layout (rank r's shard goes to rank r).
-Pure, but for the host name lookup of `advertised_host`."""
+can take its KV: the same model and dtype; each side splits it its own way (--tp, --pp), and
+`kv_map.transfer_plan` maps one split onto the other. Pure, but for the host name lookup of
+`advertised_host`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-from shoal.disaggregation.messages import PrefillLayout
+from shoal.disaggregation.kv_map import transfer_plan
+from shoal.disaggregation.messages import PrefillLayout, ServerLayout
 from shoal.model_config import ModelConfig
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-@dataclass(frozen=True)
-class LocalModel:
-    """This server's side of the check."""
+def server_layout(model: str, config: ModelConfig, dtype: str, tp: int, pp: int) -> ServerLayout:
+    return ServerLayout(model=model, fingerprint=model_fingerprint(config), dtype=dtype,
+                        num_layers=config.num_layers, num_heads=config.num_heads,
+                        num_kv_heads=config.num_kv_heads, tp=tp, pp=pp)
 
-    model: str         # served model name
-    fingerprint: str
-    dtype: str
-    tp: int
-    pp: int
 
-    def describe(self) -> str:
-        return (f"model {self.model!r} (config {self.fingerprint}, {self.dtype}, tp={self.tp}, "
-                f"pp={self.pp})")
+def describe(layout: ServerLayout) -> str:
+    return (f"model {layout.model!r} (config {layout.fingerprint}, {layout.dtype}, "
+            f"tp={layout.tp}, pp={layout.pp})")
 
 
 def model_fingerprint(config: ModelConfig) -> str:
@@ -36,19 +34,23 @@ def model_fingerprint(config: ModelConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def layout_of(local: LocalModel, session: str, endpoints: list[str]) -> PrefillLayout:
-    return PrefillLayout(session=session, model=local.model, fingerprint=local.fingerprint,
-                         dtype=local.dtype, tp=local.tp, pp=local.pp, endpoints=endpoints)
+def layout_of(server: ServerLayout, session: str, endpoints: list[str]) -> PrefillLayout:
+    return PrefillLayout(session=session, server=server, endpoints=endpoints)
 
 
-def incompatibility(layout: PrefillLayout, local: LocalModel, address: str) -> str | None:
-    """Why this decode server cannot take KV from the prefill at `address`; None when it can."""
-    theirs = LocalModel(layout.model, layout.fingerprint, layout.dtype, layout.tp, layout.pp)
-    if theirs == local:
-        return None
-    return (f"the prefill server at {address} serves {theirs.describe()} but this decode server "
-            f"serves {local.describe()}: prefill and decode must serve the same model with the "
-            f"same dtype, --tp and --pp")
+def incompatibility(prefill: ServerLayout, decode: ServerLayout, address: str) -> str | None:
+    """Why a decode server with layout `decode` cannot take KV from the prefill server at
+    `address`; None when it can."""
+    same = ("model", "fingerprint", "dtype", "num_layers", "num_heads", "num_kv_heads")
+    both = (f"the prefill server at {address} serves {describe(prefill)} but this decode server "
+            f"serves {describe(decode)}")
+    if any(getattr(prefill, f) != getattr(decode, f) for f in same):
+        return f"{both}: prefill and decode must serve the same model with the same dtype"
+    try:
+        transfer_plan(prefill, decode)
+    except ValueError as exc:
+        return f"{both}: the KV cannot be mapped from one to the other ({exc})"
+    return None
 
 
 def advertised_host(host: str) -> str:

@@ -4,8 +4,7 @@ There is no KV pool: an encoder reads each input once. Sequences of a batch are 
 longest one; the scheduler batches inputs of similar length to keep the padding small. Forwards
 run on the rank's base thread count, which leaves a core free (`shoal.scheduler.process`): the
 api works on every embedding request (tokenizing, encoding the vectors) and a second OpenMP
-thread beside it stalled the forwards (measured at concurrency 32: 4.5 texts/s with both cores,
-9.8 with one; docs/benchmarks.md).
+thread beside it stalled the forwards (measured: docs/perf-log.md).
 """
 
 from __future__ import annotations

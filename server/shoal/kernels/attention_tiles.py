@@ -18,7 +18,7 @@ tile):
   for them, the row `PREFETCH_AHEAD` tokens on asked for meanwhile.
 
 Against the numba loops this replaced it runs attention in about half the time with the K/V in
-cache and in less with a request's slots scattered over the pool (docs/benchmarks.md).
+cache and in less with a request's slots scattered over the pool (docs/perf-log.md).
 
 The softmax between them is numba's, on the exp that vectorizes. A head dimension that is not a
 multiple of `VECTOR` takes plain numba loops. Sums are taken in another order than SDPA's.

@@ -3,7 +3,7 @@
 The torch path (`shoal.engine.attention`) gathers each decode row's K/V into a padded copy and
 runs `scaled_dot_product_attention`, whose CPU kernel runs a pair of small GEMMs per request and
 head: with the gathers, a large share of a decode step at a few dozen requests
-(docs/benchmarks.md). This kernel walks each request's
+(docs/perf-log.md). This kernel walks each request's
 slots in the request -> token table and computes the scores, the softmax and the weighted sum
 of V, one task per request and KV head (each K/V row read once for its GQA group: the loops are
 `shoal.kernels.attention_tiles`'), in parallel on as many threads as torch runs (numba's

@@ -4,7 +4,7 @@ At one decode row the products are what streaming the weights costs, yet a layer
 torch ops and kernel calls, each with its dispatch, its tensor wrappers and its own parallel region;
 at 16-64 rows the torch ops between the products (SiLU, the K/V writes, the norms' wrappers) and the
 handing over between torch's OpenMP threads and numba's cost a share of the step too
-(docs/cpu-kernels.md, measured in docs/benchmarks.md). Here one call per layer computes the whole
+(docs/cpu-kernels.md, measured in docs/perf-log.md). Here one call per layer computes the whole
 layer for a decode batch of any size: residual add and RMSNorm, the fused q/k/v product (and its
 bias), the rotary embedding, the new K/V written to their pool slots, attention over each request's
 slots where they lie in the pool (`shoal.kernels.attention_tiles`), the output product, the second

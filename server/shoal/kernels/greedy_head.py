@@ -16,7 +16,7 @@ sums' rounding, the third the scale's product. The largest z is then among the c
 a_j + eps_j >= max_i (a_i - eps_i), whose logits are computed exactly from the float32 weight;
 every other logit is left at -inf, which an argmax never picks. The token is the one the full
 float32 head gives (its logits, up to the order float32 sums in). A row has a few candidates
-(docs/benchmarks.md).
+(docs/perf-log.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from shoal.kernels.quantization import quantize_per_channel
 
 _UNIT_ROUNDOFF = 2.0 ** -24
 # a decode step of up to this many rows takes the screened head: past it the head's products
-# are bound by their multiply-adds, which an int8 copy does not reduce (docs/benchmarks.md)
+# are bound by their multiply-adds, which an int8 copy does not reduce (docs/perf-log.md)
 MAX_ROWS = 4
 _BOUND_ROWS = 4096
 

@@ -4,7 +4,7 @@ With 4 KiB pages a step that reads all of a model's weights, or each request's K
 over the pool, misses the TLB on most pages it touches; the kernel backs a region with 2 MiB pages
 where it is asked to (`madvise(MADV_HUGEPAGE)`, which hosts whose transparent huge pages are in
 `madvise` mode require). Both the weights streamed from one arena and decode attention over
-K/V laid out as serving lays them run measurably faster so (docs/benchmarks.md).
+K/V laid out as serving lays them run measurably faster so (docs/perf-log.md).
 """
 
 from __future__ import annotations

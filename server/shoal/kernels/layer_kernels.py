@@ -2,7 +2,7 @@
 
 At one decode row a layer's norms and rotary embedding are a few thousand floats, yet each
 torch op costs its dispatch, which is more than its arithmetic, and the rotary embedding is six
-ops and two copies (docs/benchmarks.md). Here the residual add and RMSNorm are one pass over
+ops and two copies (docs/perf-log.md). Here the residual add and RMSNorm are one pass over
 each row, and the rotary embedding turns the query and key heads in place in the fused q/k/v
 product's output. SiLU-and-multiply stays with torch: numba's scalar `exp` is slower than
 torch's vectorized SiLU at every row count.

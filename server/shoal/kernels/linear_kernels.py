@@ -1,7 +1,7 @@
 """The matrix products behind every linear layer: how each weight is stored and which kernel
 computes its products, chosen by measuring the candidates on this host when the model loads.
 
-No vendor guess holds on every CPU (docs/benchmarks.md): which of MKL, oneDNN and numpy's OpenBLAS
+No vendor guess holds on every CPU (docs/perf-log.md): which of MKL, oneDNN and numpy's OpenBLAS
 is fastest, and in which weight layout, changes with the host and the row count. shoal's own numba
 kernels (`shoal.kernels.numba_products`, on row-major weights) are candidates at a few rows, where
 the libraries pack the weight for every product; oneDNN is also a candidate on a copy of the weight
@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 # A product of m rows uses the choice of the bucket whose range holds m: 1 | 2-11 | 12-255 |
 # 256+, each named by a row count of its range (ROW_BUCKETS) and timed at TIMED_ROWS, in
 # seconds per row summed over them: 12-255 spans the decode batches from 16 to 64 streams, where
-# the fastest kernel changes within the range (docs/benchmarks.md). A forward of
+# the fastest kernel changes within the range (docs/perf-log.md). A forward of
 # LARGE_FORWARD_TOKENS tokens or more runs on every core (`shoal.engine.threads`), so the last
 # two buckets are timed there.
 ROW_BUCKETS = (1, 4, 32, 256)
@@ -68,7 +68,7 @@ LARGE_FORWARD_TOKENS = _BUCKET_STARTS[2]
 # Candidates are timed on random weights of the same shape and layout, at most this many output
 # rows (the LM head's 49k rows behave like 16k: a copy larger than the last-level cache, as the
 # head is; a copy that stays in cache times another kernel fastest than the whole head,
-# docs/benchmarks.md),
+# docs/perf-log.md),
 # and at small row counts on enough copies that a pass streams from memory as a decode step
 # does, not from cache.
 _MEASURE_MAX_OUT = 16384

@@ -104,7 +104,7 @@ def exp_in_place(x: np.ndarray, bits: np.ndarray) -> None:
 
 # How many slots ahead of the one it reads decode attention asks for a K (or V) row: with K/V
 # laid out as serving lays them, 3 ahead hid too little of the wait, 8 and 12 alike most of it
-# (docs/benchmarks.md).
+# (docs/perf-log.md).
 PREFETCH_AHEAD = 8
 # Floats of a 64-byte cache line.
 _LINE_FLOATS = 16

@@ -7,7 +7,7 @@ runs one row no faster than float32 on a host without bfloat16 instructions (it 
 activations to bfloat16). These kernels read each int8 weight row once, widen it to float32 in
 registers and multiply it with float32 activations, summing in float32; the per-output-channel
 scale is applied to each sum, and one row runs in well under float32's time
-(docs/benchmarks.md).
+(docs/perf-log.md).
 
 Two blockings, chosen per row bucket by measurement (`shoal.kernels.linear_kernels`): `by_rows`
 takes one output channel and four rows at a time (four independent sums hide the FMA latency at
@@ -16,7 +16,7 @@ few rows), `by_pairs` two channels and four rows (each activation load feeds two
 
 The same code takes a float32 weight (numba compiles it for that dtype; the scale is then ones):
 at a few rows it can beat OpenBLAS and MKL, which pack the weight for every product
-(docs/benchmarks.md); the measurement at load decides where it is used.
+(docs/perf-log.md); the measurement at load decides where it is used.
 
 They are compiled by numba (`shoal.kernels.numba_kernels`) and run in parallel over output
 channels on torch's thread count, serially where that is one (as in a forked probe child).

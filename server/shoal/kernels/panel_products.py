@@ -2,7 +2,7 @@
 
 A decode batch of 16-64 rows (and a prefill chunk) is bound by its multiply-adds, not by reading
 the weights, and the libraries' kernels reach well under what the cores can do there, against
-what the same libraries reach on a large product (docs/benchmarks.md). This is the register-blocked
+what the same libraries reach on a large product (docs/perf-log.md). This is the register-blocked
 kernel such libraries use for large products, sized for these: the weight [out, in] is packed
 once, at load, into panels of `PANEL` output channels, each panel [in, PANEL] so that one step
 over the input dimension reads `PANEL` consecutive weights; a tile of up to `TILE_ROWS` rows
@@ -11,7 +11,7 @@ and multiplies it with the panel's step (two vectors of eight with AVX2, one of 
 AVX-512), `TILE_ROWS` x `PANEL_VECTORS` vector multiply-adds for `PANEL_VECTORS` vector loads
 and `TILE_ROWS` broadcasts. A tile of a few rows (a decode step of one to a few streams) has too
 few sums to keep the multiply-adds busy, so it sums the input dimension in several lanes, added
-at the end (faster streaming at one row, docs/benchmarks.md). No sum needs a
+at the end (faster streaming at one row, docs/perf-log.md). No sum needs a
 horizontal add, and while a tile of `_FETCH_ROWS` rows or more runs, the same thread's next panel
 is fetched from memory ahead of its use (a tile of fewer streams the panels faster on the CPU's
 own prefetchers alone).
@@ -56,7 +56,7 @@ from shoal.kernels.vector_ir import (
 # AVX2, 6 x 2 sums, two weight vectors and a broadcast fill 15 of its 16 256-bit registers; with
 # AVX-512 a panel is one register, and 24 rows' sums and the weight vector fit in its 32 (each
 # broadcast a memory operand of its multiply-add): faster than AVX2's tile where AVX-512 runs
-# (docs/benchmarks.md).
+# (docs/perf-log.md).
 PANEL = 16
 TILE_ROWS = 24 if VECTOR == 16 else 6
 PANEL_VECTORS = PANEL // VECTOR
@@ -67,7 +67,7 @@ _CHAINS = 8
 _LINE = 64
 # A tile of fewer rows asks for no panel ahead: it streams the weights, and the CPU's own
 # prefetchers keep up with that better alone: measured, asking for the next panel slowed one and
-# two rows and sped up three and more (docs/benchmarks.md).
+# two rows and sped up three and more (docs/perf-log.md).
 _FETCH_ROWS = 3
 _LINE_FLOATS = _LINE // 4
 # Rows that share an L1 set evict each other only once they outnumber its ways (8 on current
@@ -224,7 +224,7 @@ def row_width(depth: int) -> int:
     rows a multiple of two lines apart fall in a few of the L1 cache's sets and evict each other
     (1,536 floats, three 4 KiB pages for two rows, in two of 64 sets), which made the MLP's
     down product much slower on rows 1,536 floats long than on rows 1,552 long
-    (docs/benchmarks.md)."""
+    (docs/perf-log.md)."""
     lines = (depth + _LINE_FLOATS - 1) // _LINE_FLOATS
     return (lines | 1) * _LINE_FLOATS
 

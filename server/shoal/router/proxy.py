@@ -181,12 +181,11 @@ class Proxy:
             worker = self._choose(COLOCATED, colocated, text)
             upstream = await self._watch(request, self._open(worker, path, body, headers))
             return await self._respond(request, upstream)
-        prefills, decodes = self.pool.candidates(PREFILL, tried), self.pool.candidates(DECODE,
-                                                                                     tried)
-        if not prefills or not decodes:
+        prefills = self.pool.pairable_prefills(tried)
+        if not prefills:
             raise LookupError("no usable worker left")
         prefill = self._choose(PREFILL, prefills, text)
-        decode = self._choose(DECODE, decodes, text)
+        decode = self._choose(DECODE, self.pool.decodes_for(prefill, tried), text)
         pair_body = {**body, **bootstrap_fields(prefill)}
         upstream = await self._watch(request, self._open_pair(prefill, decode, path, pair_body,
                                                               headers))

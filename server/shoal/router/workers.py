@@ -102,11 +102,21 @@ class WorkerPool:
                        if w.usable and w.role == role and w.url not in exclude),
                       key=lambda w: w.url)
 
+    def pairable_prefills(self, exclude: set[str] = frozenset()) -> list[Worker]:
+        """Usable prefill servers with a usable decode server of the same model (a pair may
+        split the model differently: each side has its own tp and pp, docs/pd.md)."""
+        models = {d.model for d in self.candidates(DECODE, exclude)}
+        return [p for p in self.candidates(PREFILL, exclude) if p.model in models]
+
+    def decodes_for(self, prefill: Worker, exclude: set[str] = frozenset()) -> list[Worker]:
+        """Usable decode servers of the prefill's model."""
+        return [d for d in self.candidates(DECODE, exclude) if d.model == prefill.model]
+
     @property
     def serves(self) -> bool:
-        """Whether a request can be served: a colocated worker, or a prefill and a decode."""
-        return bool(self.candidates(COLOCATED)) or bool(
-            self.candidates(PREFILL) and self.candidates(DECODE))
+        """Whether a request can be served: a colocated worker, or a prefill and a decode of
+        the same model."""
+        return bool(self.candidates(COLOCATED)) or bool(self.pairable_prefills())
 
     def mark_failed(self, worker: Worker, why: str) -> None:
         """A connection to the worker failed while proxying: out until a check succeeds."""

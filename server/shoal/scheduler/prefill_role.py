@@ -10,7 +10,8 @@ and first token, and ship the prompt's KV to the decode server the router paired
                    until the decode acknowledges, then the prefill's response ends
 
 A failed transfer (the decode aborted, refused or went away; a timeout) aborts the request here
-too. Every rank sends its own shard to its peer rank; the ranks agree on each transfer's state.
+too. Every rank sends each decode rank the part of its KV that rank takes from it
+(`shoal.disaggregation.kv_map`); the ranks agree on each transfer's state.
 """
 
 from __future__ import annotations
@@ -150,9 +151,10 @@ class PrefillRole:
         start, req = transfer.sent_len, transfer.req
         if end <= start or req.req_pool_idx is None:
             return
-        slots = self.memory.req_to_token.table[req.req_pool_idx, start:end]
-        k, v = gather(self.pool, slots)
-        self.transfer.send_chunk(transfer.room, start, k, v)
+        if self.transfer.sends_kv(transfer.room):
+            slots = self.memory.req_to_token.table[req.req_pool_idx, start:end]
+            k, v = gather(self.pool, slots)
+            self.transfer.send_chunk(transfer.room, start, k, v)
         transfer.sent_len = end
 
     def _stop(self, transfer: _Transfer, reason: str) -> None:

@@ -20,7 +20,8 @@ from shoal import faults
 from shoal.config import ComponentArgs, ServerArgs
 from shoal.cpu_cores import usable_cores
 from shoal.disaggregation.decode import DecodeTransfer
-from shoal.disaggregation.layout import LocalModel, advertised_host, layout_of, model_fingerprint
+from shoal.disaggregation.kv_map import rank_slice
+from shoal.disaggregation.layout import advertised_host, layout_of, server_layout
 from shoal.disaggregation.prefill import PrefillTransfer
 from shoal.disaggregation.ranks import gather_endpoints
 from shoal.disaggregation.rooms import TransferCounters
@@ -57,8 +58,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 256
 # Prompt tokens per scheduler step when --chunked-prefill-size is not given: a step stalls every
-# running request's next token, and on CPU a 2,048-token step of the default model takes ~4.5 s
-# on two cores where 512 take ~1.1 s at the same tokens/s (docs/benchmarks.md, "Session 8").
+# running request's next token, and on CPU a step four times as long brings no more prompt
+# tokens a second (docs/perf-log.md, "Session 8").
 DEFAULT_CHUNKED_PREFILL_SIZE = {"cpu": 512, "cuda": 2048}
 
 
@@ -196,9 +197,8 @@ def _make_role(args: ServerArgs, ctx: RankContext, runner: ModelRunner, memory: 
         return ColocatedRole()
     layout = ctx.layout
     ranks = ParallelGroup(rank=layout.rank, size=layout.world_size, group=ctx.groups.control)
-    local = LocalModel(model=served_model_name(args),
-                       fingerprint=model_fingerprint(runner.model_config),
-                       dtype=str(runner.dtype).removeprefix("torch."), tp=args.tp, pp=args.pp)
+    local = server_layout(served_model_name(args), runner.model_config,
+                          str(runner.dtype).removeprefix("torch."), args.tp, args.pp)
     counters = TransferCounters(export=args.enable_metrics)
     host, port = advertised_host(args.host), free_port(args.host)
     inbox = f"tcp://{host}:{port}"
@@ -213,7 +213,9 @@ def _make_role(args: ServerArgs, ctx: RankContext, runner: ModelRunner, memory: 
         session = uuid.uuid4().hex
         endpoints = gather_endpoints(inbox, ranks)
         prefill = PrefillTransfer(
-            transport, layout_of(local, session, endpoints) if server else None,
+            transport, layout.rank, rank_slice(local, layout.rank),
+            layout.rank == layout.sampler_rank,
+            layout_of(local, session, endpoints) if server else None,
             args.disaggregation_timeout, counters)
         transport.start(prefill)
         logger.info("prefill role: KV inbox %s%s", inbox,
