@@ -72,7 +72,7 @@ def test_a_name_that_cannot_be_a_hostname_is_refused(deployments: Deployments,
 
 def test_defaults_are_filled_in(deployments: Deployments) -> None:
     spec = deployments.create("dflt", {"replicas": 0, "restartPolicy": {}})["spec"]
-    assert spec["engine"] == {"tp": 1, "pp": 1, "nnodes": 1}
+    assert spec["engine"] == {"tp": 1, "pp": 1, "nnodes": 1, "accelerator": "cpu"}
     assert spec["restartPolicy"] == {
         "recreateGroupOn": ["watchdog", "consensus", "peer-lost", "crash", "oom"],
         "maxGroupRestarts": 10, "backoff": {"initialSeconds": 10, "maxSeconds": 300}}
