@@ -81,7 +81,9 @@ def test_completion_logprobs_with_echo_match_transformers(openai_client: OpenAI,
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     for i in range(1, len(ids)):
         assert abs(lp.token_logprobs[i] - ref[i - 1, ids[i]].item()) < TOLERANCE
-        assert len(lp.top_logprobs[i]) <= 3
+        # the 3 most likely tokens, and the token itself where it is not among them
+        assert lp.tokens[i] in lp.top_logprobs[i] and len(lp.top_logprobs[i]) <= 4
+        assert lp.top_logprobs[i][lp.tokens[i]] == pytest.approx(lp.token_logprobs[i], abs=1e-5)
         assert max(lp.top_logprobs[i].values()) == pytest.approx(ref[i - 1].max().item(),
                                                                  abs=TOLERANCE)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
