@@ -46,6 +46,22 @@ def check_calls(calls: list, allowed: set[str]) -> list[tuple[str, dict]]:
     return parsed
 
 
+def streamed_calls(client: OpenAI, kwargs: dict) -> tuple[dict[int, dict], list[str]]:
+    """The calls of a streamed chat completion, each reassembled from its deltas by its index,
+    and the finish reasons seen."""
+    calls: dict[int, dict] = {}
+    finishes = []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                call["name"] += delta.function.name or ""
+                call["arguments"] += delta.function.arguments or ""
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    return calls, finishes
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_required_and_named_calls_always_parse(openai_client: OpenAI, model_name: str,
                                                temperature: float) -> None:
@@ -66,16 +82,7 @@ def test_streamed_call_reassembles_to_the_same_call(openai_client: OpenAI,
               "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0,
               "max_tokens": 120}
     whole = openai_client.chat.completions.create(**kwargs)
-    calls: dict[int, dict] = {}
-    finishes = []
-    for chunk in openai_client.chat.completions.create(stream=True, **kwargs):
-        for choice in chunk.choices:
-            for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
-                call["name"] += delta.function.name or ""
-                call["arguments"] += delta.function.arguments or ""
-            if choice.finish_reason:
-                finishes.append(choice.finish_reason)
+    calls, finishes = streamed_calls(openai_client, kwargs)
     assert finishes == ["tool_calls"]
     expected = check_calls(whole.choices[0].message.tool_calls, {"get_weather", "get_time"})
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == expected
@@ -194,11 +201,5 @@ def test_pydantic_tools_streamed_parallel_calls_validate(openai_client: OpenAI,
     assert whole.finish_reason == "tool_calls", whole
     expected = [(c.function.name, validated(c.function.name, c.function.arguments))
                 for c in whole.message.tool_calls]
-    calls: dict[int, dict] = {}
-    for chunk in openai_client.chat.completions.create(stream=True, **kwargs):
-        for choice in chunk.choices:
-            for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
-                call["name"] += delta.function.name or ""
-                call["arguments"] += delta.function.arguments or ""
+    calls, _ = streamed_calls(openai_client, kwargs)
     assert [(c["name"], validated(c["name"], c["arguments"])) for c in calls.values()] == expected
