@@ -572,13 +572,17 @@ def test_garbage_on_the_api_socket_is_survived(url, served):
     assert response.json()["choices"][0]["message"]["content"] == FULL_TEXT
 
 
-def test_engine_abort_is_a_500(url):
-    body = {"messages": MESSAGES, "seed": ABORT_SEED}
-    error = assert_openai_error(httpx.post(f"{url}{CHAT}", json=body, timeout=10), 500)
-    assert "scheduler said no" in error["message"]
+@pytest.mark.parametrize("seed, status, message", [
+    (ABORT_SEED, 500, "scheduler said no"),  # an abort of the engine's own
+    (REFUSE_SEED, 400, "the regex is odd"),  # the engine refused the request as given
+])
+def test_an_engine_abort_is_an_error_of_its_kind(url, seed, status, message):
+    body = {"messages": MESSAGES, "seed": seed}
+    error = assert_openai_error(httpx.post(f"{url}{CHAT}", json=body, timeout=10), status)
+    assert message in error["message"]
     with httpx.stream("POST", f"{url}{CHAT}", json={**body, "stream": True}, timeout=10) as resp:
         events = sse_events(resp)
-    assert events[-1] == "[DONE]" and "scheduler said no" in events[-2]["error"]["message"]
+    assert events[-1] == "[DONE]" and message in events[-2]["error"]["message"]
 
 
 def test_chat_template_options_shape_the_prompt(client, engine, tokenizer):
@@ -619,15 +623,6 @@ def test_continuous_usage_stats_count_each_chunk(client, route):
     assert counted == [1, 2, 3, 4]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
     assert {c.usage.prompt_tokens for c in chunks if c.usage} == {chunks[-1].usage.prompt_tokens}
-
-
-def test_a_request_the_engine_refuses_is_a_400(url):
-    body = {"messages": MESSAGES, "seed": REFUSE_SEED}
-    error = assert_openai_error(httpx.post(f"{url}{CHAT}", json=body, timeout=10), 400)
-    assert "the regex is odd" in error["message"]
-    with httpx.stream("POST", f"{url}{CHAT}", json={**body, "stream": True}, timeout=10) as resp:
-        events = sse_events(resp)
-    assert events[-1] == "[DONE]" and "the regex is odd" in events[-2]["error"]["message"]
 
 
 # ---- disconnects ---------------------------------------------------------------------------------
