@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.shoal-setup
 TORCH  ?= torch==2.13.0
 ARGS   ?=
 PYTEST_ARGS ?=
+# `make image IMAGE=REGISTRY/shoal:TAG`: the image it builds (default: shoal at the chart's appVersion)
+IMAGE ?= shoal:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' helm/shoal/Chart.yaml)
 # `make image-smoke`: the image tag it builds and tests, and the local base image it builds first
 SMOKE_IMAGE ?= shoal:smoke
 SMOKE_BASE  ?= shoal-smoke-base:bookworm
@@ -22,7 +24,7 @@ endif
 # their Go modules into a cache outside the repository, keyed by version (tools/*/build.sh)
 export SHOAL_TOOLS_DIR ?= $(HOME)/.cache/shoal-tools
 
-.PHONY: setup serve test bench llama-cpp gpu-check clean lint image-smoke kube-tools
+.PHONY: setup serve test bench llama-cpp gpu-check clean lint image image-smoke kube-tools
 
 setup: $(STAMP)
 
@@ -73,6 +75,12 @@ lint: setup kube-tools
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 	tools/helm/lint.sh
+
+# the appliance image (docs/image.md): the CUDA base, torch and the wheels from the package index,
+# plus any in build/wheelhouse; push it (or `kind load docker-image`) and name it at helm install
+image:
+	mkdir -p build/wheelhouse
+	docker build -t $(IMAGE) .
 
 # build the real image offline on this CPU machine and run tests/e2e/test_image_smoke.py against
 # it; needs root and a Docker engine (started here if absent; see docs/image.md)

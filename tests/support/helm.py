@@ -16,6 +16,10 @@ from tests.support.kube.binaries import REPO, tools_dir
 CHART = REPO / "helm" / "shoal"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 HELM_GO_MOD = REPO / "tools" / "helm" / "go.mod"
+# image.repository, which the chart requires, for the tests that name no image: the first values
+# file, so a later file or --set overrides it
+IMAGE_VALUES = Path(__file__).with_name("chart-image-values.yaml")
+IMAGE_REPOSITORY = "registry.example.com/ml/shoal"
 RELEASE, NAMESPACE = "shoal", "shoal-system"
 
 # (apiGroup, resource, verb) the operator's ServiceAccount holds in each namespace it watches:
@@ -62,7 +66,7 @@ def run_helm(*args: str | Path, check: bool = True,
 
 
 def values_args(values_files: Iterable[Path] = (), set_values: Iterable[str] = ()) -> list[str]:
-    args: list[str] = []
+    args = ["--values", str(IMAGE_VALUES)]
     for path in values_files:
         args += ["--values", str(path)]
     for assignment in set_values:

@@ -57,9 +57,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+The image repository, required: no registry publishes shoal's image, so an install names the one
+the user built and pushed (or loaded into the nodes) instead of a default that pulls nothing.
+*/}}
+{{- define "shoal.imageRepository" -}}
+{{- required "image.repository is required: no registry publishes shoal's image. Build it (make image), push it to a registry your nodes pull from or load it into them (kind load docker-image), then install with --set image.repository=REGISTRY/shoal --set image.tag=TAG (README, On Kubernetes)" .Values.image.repository }}
+{{- end }}
+
 {{/* The operator's image: repository:tag, the tag defaulting to the chart's appVersion. */}}
 {{- define "shoal.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" (include "shoal.imageRepository" .) (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
 {{/*
@@ -68,7 +76,7 @@ repository at the chart's appVersion. It does not follow image.tag, so a new ope
 operator alone; a new chart version (a new appVersion) rolls unpinned engines too.
 */}}
 {{- define "shoal.engineImage" -}}
-{{- default (printf "%s:%s" .Values.image.repository .Chart.AppVersion) .Values.operator.engineImage }}
+{{- default (printf "%s:%s" (include "shoal.imageRepository" .) .Chart.AppVersion) .Values.operator.engineImage }}
 {{- end }}
 
 {{/*

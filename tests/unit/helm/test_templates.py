@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import shoal
-from tests.support.helm import CHART, CI_VALUES, NAMESPACE, RELEASE, find, only, render, run_helm
+from tests.support.helm import (CHART, CI_VALUES, IMAGE_REPOSITORY, NAMESPACE, RELEASE, find, only,
+                                render, run_helm, values_args)
 
 STANDARD_LABELS = {
     "app.kubernetes.io/name": "shoal",
@@ -46,8 +47,8 @@ def test_rbac_and_service_account_can_be_left_to_the_user() -> None:
     assert sorted(o["kind"] for o in objects) == ["Deployment", "PodDisruptionBudget"]
     assert only(objects, "Deployment")["spec"]["template"]["spec"][
         "serviceAccountName"] == "platform-operator"
-    refused = run_helm("template", RELEASE, CHART, "--set", "serviceAccount.create=false",
-                       check=False)
+    refused = run_helm("template", RELEASE, CHART,
+                       *values_args(set_values=["serviceAccount.create=false"]), check=False)
     assert refused.returncode != 0
     assert "serviceAccount.name is required" in refused.stderr
 
@@ -93,14 +94,21 @@ def test_host_paths_are_refused_unless_allowed() -> None:
         "args"]
 
 
+def test_image_repository_is_required_with_how_to_build_one() -> None:
+    refused = run_helm("template", RELEASE, CHART, check=False)
+    assert refused.returncode != 0
+    assert "image.repository is required: no registry publishes shoal's image" in refused.stderr
+    assert "make image" in refused.stderr
+
+
 def test_image_defaults_to_the_app_version_and_a_new_tag_moves_the_operator_alone() -> None:
-    app_image = f"ghcr.io/shoal-dev/shoal:{shoal.__version__}"
+    app_image = f"{IMAGE_REPOSITORY}:{shoal.__version__}"
     container = _container(render())
     assert container["image"] == app_image
     assert container["imagePullPolicy"] == "IfNotPresent"
     assert f"--default-image={app_image}" in container["args"]
     container = _container(render(set_values=["image.tag=0.2.0"]))
-    assert container["image"] == "ghcr.io/shoal-dev/shoal:0.2.0"
+    assert container["image"] == f"{IMAGE_REPOSITORY}:0.2.0"
     assert f"--default-image={app_image}" in container["args"]
 
 
@@ -143,8 +151,9 @@ def test_scheduling_resources_and_extras_are_passed_through() -> None:
 
 
 def test_names_follow_release_and_overrides() -> None:
-    out = run_helm("template", "prod", CHART).stdout
+    out = run_helm("template", "prod", CHART, *values_args()).stdout
     assert "name: prod-shoal-operator" in out
-    out = run_helm("template", "prod", CHART, "--set", "fullnameOverride=llm").stdout
+    out = run_helm("template", "prod", CHART,
+                   *values_args(set_values=["fullnameOverride=llm"])).stdout
     assert "name: llm-operator" in out and "prod-shoal" not in out
 

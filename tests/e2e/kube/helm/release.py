@@ -24,7 +24,7 @@ import psutil
 from tests.support.kube.cluster import KubeCluster, RunningCluster
 from tests.support.kube.kubelet_handle import KubeletHandle
 from tests.support.wait import wait_until
-from tests.support.helm import CHART, RELEASE, run_helm
+from tests.support.helm import CHART, IMAGE_VALUES, RELEASE, run_helm
 
 HELM_WAIT = "180s"
 LEADER_S = 60.0  # a new leader within the Lease's duration and two retries, on a loaded host
@@ -138,7 +138,8 @@ def helm_release(running: RunningCluster, *helm_args: str,
     cluster = running.cluster
     kubernetes.client.CoreV1Api(cluster.api_client()).create_namespace(
         {"metadata": {"name": namespace, "labels": labels or {}}})
-    installed = run_helm("install", RELEASE, CHART, "--namespace", namespace, "--wait", "--timeout", HELM_WAIT, *helm_args,
+    installed = run_helm("install", RELEASE, CHART, "--namespace", namespace, "--wait",
+                         "--timeout", HELM_WAIT, "--values", IMAGE_VALUES, *helm_args,
                          kubeconfig=cluster.admin_kubeconfig, check=False)
     try:
         assert installed.returncode == 0, \
