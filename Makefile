@@ -20,8 +20,9 @@ WHEELS := $(wildcard $(abspath ../shared/wheels))
 ifneq ($(WHEELS),)
 export PIP_FIND_LINKS := $(strip $(PIP_FIND_LINKS) $(WHEELS))
 endif
-# Test-cluster binaries (kube-apiserver, kube-controller-manager, etcd, helm), built once from
-# their Go modules into a cache outside the repository, keyed by version (tools/*/build.sh)
+# Test-cluster binaries (kube-apiserver, kube-controller-manager, etcd, helm, prometheus), built
+# once from their Go modules into a cache outside the repository, keyed by version
+# (tools/*/build.sh)
 export SHOAL_TOOLS_DIR ?= $(HOME)/.cache/shoal-tools
 
 .PHONY: setup serve test bench llama-cpp gpu-check clean lint image image-smoke kube-tools
@@ -47,6 +48,7 @@ test: setup kube-tools
 kube-tools:
 	tools/k8s/build.sh
 	tools/helm/build.sh
+	tools/prometheus/build.sh
 	tools/prometheus-operator/crds.sh >/dev/null
 
 # llama.cpp's llama-server, the benchmark's peer: built once into ~/.cache/shoal-tools (not shipped)

@@ -60,11 +60,14 @@ class Operator:
     def __init__(self, kubeconfig: Path, log_path: Path) -> None:
         self.kubeconfig, self.log_path = kubeconfig, log_path
         self.component: Component | None = None
+        self.metrics_url = f"http://127.0.0.1:{free_port()}"
 
     def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         self.component = start_component(
             "shoal-operator", [sys.executable, "-m", "shoal_operator", "--health-port", "0",
+                               "--health-host", "127.0.0.1", "--metrics-port",
+                               self.metrics_url.rsplit(":", 1)[1],
                                "--leader-election", "--leader-election-namespace",
                                LEASE_NAMESPACE, "--leader-election-id", LEASE_NAME],
             self.log_path, cwd=REPO, env=env)

@@ -3,7 +3,8 @@ target: 2 queued requests} on the default model. A bounded burst from the test (
 stops by itself) queues requests on the one group (each server runs one request at a time), the
 operator reads the queue from its /metrics and scales to 2 groups, both serve; once the burst
 ends and the 30 s scale-down window has passed, back to 1 group, and no request of the burst
-failed."""
+failed. A real Prometheus scrapes the first group's engine and the operator meanwhile, and every
+expression of the chart's dashboard runs on it."""
 
 from __future__ import annotations
 
@@ -12,12 +13,20 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.kube.operator.conftest import ENGINE_ARGS, GROUP_READY_S, ONE_CORE_EACH, Deployments
+from tests.e2e.kube.operator.conftest import (
+    ENGINE_ARGS,
+    GROUP_READY_S,
+    ONE_CORE_EACH,
+    Deployments,
+    Operator,
+)
 from tests.support.helm import CHART
+from tests.support.prometheus import Prometheus, Target, prometheus
 from tests.support.wait import wait_until
 
 NAME = "auto"
@@ -33,15 +42,19 @@ CLIENTS = 6  # concurrent requests: 5 queued behind the one running
 BURST_S = 480.0  # the burst's own bound
 
 
-def _ready_addresses(mds: Deployments) -> list[str]:
-    """http://IP:PORT of every ready endpoint of the ModelDeployment's Service."""
-    found = []
+def _ready_endpoints(mds: Deployments) -> dict[str, str]:
+    """http://IP:PORT -> pod name of every ready endpoint of the ModelDeployment's Service."""
+    found = {}
     for slice_ in mds.discovery.list_namespaced_endpoint_slice(
             mds.namespace, label_selector=f"kubernetes.io/service-name={NAME}").items:
         port = next((p.port for p in slice_.ports or [] if p.name == "http"), None)
-        found += [f"http://{e.addresses[0]}:{port}" for e in slice_.endpoints or []
-                  if e.conditions.ready and port]
-    return sorted(found)
+        found.update({f"http://{e.addresses[0]}:{port}": e.target_ref.name
+                      for e in slice_.endpoints or [] if e.conditions.ready and port})
+    return found
+
+
+def _ready_addresses(mds: Deployments) -> list[str]:
+    return sorted(_ready_endpoints(mds))
 
 
 class Burst:
@@ -85,11 +98,13 @@ class Burst:
 
 
 def test_a_burst_scales_to_two_groups_that_both_serve_and_back_to_one(
-        deployments: Deployments) -> None:
+        deployments: Deployments, operator: Operator, tmp_path: Path) -> None:
     deployments.create(NAME, SPEC)
     deployments.wait_ready(NAME)
-    (first,) = _ready_addresses(deployments)
-    with Burst(deployments) as burst:
+    ((first, pod),) = _ready_endpoints(deployments).items()
+    targets = [Target(first, "engines", {"modeldeployment": NAME, "pod": pod}),
+               Target(operator.metrics_url, "operator", {})]
+    with prometheus(targets, tmp_path / "prometheus") as scraper, Burst(deployments) as burst:
         wait_until(lambda: deployments.get(NAME)["spec"]["replicas"] == 2, 180,
                    what="not scaled up to 2 groups")
         status = deployments.wait_ready(NAME, GROUP_READY_S)
@@ -97,6 +112,7 @@ def test_a_burst_scales_to_two_groups_that_both_serve_and_back_to_one(
         (second,) = [a for a in _ready_addresses(deployments) if a != first]
         wait_until(lambda: burst.served_by(second) and burst.served_by(first), 120,
                    what="both groups did not serve")
+        _dashboard_expressions_answer(scraper)
     assert burst.results and all(code == 200 for _, code, _ in burst.results), \
         [r for r in burst.results if r[1] != 200][:5]
 
@@ -112,6 +128,21 @@ def test_a_burst_scales_to_two_groups_that_both_serve_and_back_to_one(
     messages = [e.message for e in deployments.events(NAME) if e.reason == "Scaled"]
     assert any("engine groups 1 -> 2" in m for m in messages), messages
     assert any("engine groups 2 -> 1" in m for m in messages), messages
+
+
+def _dashboard_expressions_answer(scraper: Prometheus) -> None:
+    """Each of the dashboard's expressions (Grafana's $__rate_interval and $__range filled in)
+    runs on Prometheus; those on the engine's and the operator's series have data, except
+    the group restarts and the routers', which nothing here made; the desired replicas read 2."""
+    wait_until(lambda: scraper.scraped("engines") and scraper.scraped("operator"), 30,
+               what="Prometheus did not scrape the engine and the operator")
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [target["expr"].replace("$__rate_interval", "1m").replace("$__range", "15m")
+             for panel in dashboard["panels"] for target in panel["targets"]]
+    empty = [expr for expr in exprs if not scraper.query(expr)]
+    assert all(re.search(r"shoal:(router_|operator_group_restarts)", e) for e in empty), empty
+    desired = scraper.query(f'shoal:operator_desired_replicas{{modeldeployment="{NAME}"}}')
+    assert [sample["value"][1] for sample in desired] == ["2"], desired
 
 
 def _dashboard_engine_metrics_are_live(address: str) -> None:
