@@ -5,7 +5,9 @@
 | Available   | at least one group is Ready and no more than `maxUnavailable` are not    |
 | Progressing | groups are being created, restarted, rolled or removed                   |
 | Degraded    | a group is Failed (startup failure, restart limit, a reason not listed), |
-|             | or the spec is refused (refusals.py: reason HostPathNotAllowed)          |
+|             | the spec is refused (refusals.py: reason HostPathNotAllowed), or the API |
+|             | refuses what the operator creates for it (CreateRefused: admission,      |
+|             | quota, validation; retried until it is accepted)                         |
 
 Phase: `Failed` when every desired group is Failed, `Degraded` when some are, `Ready` when every
 desired group is Ready on the current template and nothing else is in flight, else
@@ -29,6 +31,7 @@ class Summary:
     failed: tuple[GroupRecord, ...]  # desired groups that are Failed
     settled: bool  # every desired group Ready on the current template (or Failed), no extras
     progress: str  # the reason Progressing gives while not settled
+    create_refused: str = ""  # the API's refusal of a create this plan repeats
 
 
 def phase(summary: Summary) -> str:
@@ -94,5 +97,7 @@ def _degraded(s: Summary) -> tuple[str, str, str]:
         more = f" (and {len(s.failed) - 1} more)" if len(s.failed) > 1 else ""
         return "True", failed.failed_reason or "GroupFailed", \
             f"group {failed.name} failed{more}: {detail}"
+    if s.create_refused:
+        return "True", "CreateRefused", s.create_refused
     return "False", "NoFailedGroups", "no group has failed"
 

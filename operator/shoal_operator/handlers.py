@@ -16,10 +16,11 @@ from kubernetes.client import ApiException
 from shoal_operator import names
 from shoal_operator.election import RETRY_PERIOD_S
 from shoal_operator.leadership import Leadership
-from shoal_operator.reconcile import reconcile
+from shoal_operator.reconcile import CreateRefused, reconcile
 
 RESYNC_S = 10.0  # a pass at least this often, events or not
 RETRY_S = 2.0  # after the API refused or failed an action
+REFUSED_RETRY_S = 10.0  # after it refused an object the pass creates (CreateRefused)
 CONFLICT_RETRY_S = 0.2  # the ModelDeployment changed under the pass: plan again at once
 MIN_PASS_INTERVAL_S = 0.1
 STANDBY_POLL_S = 0.5  # a standby's daemons look this often whether their replica leads now
@@ -96,6 +97,7 @@ async def stop_leading(memo: kopf.Memo, **_: Any) -> None:
 async def keep_model_deployment(namespace: str | None, name: str, memo: kopf.Memo,
                                 stopped: kopf.DaemonStopped, **_: Any) -> None:
     assert namespace is not None  # a namespaced resource
+    refused = ""  # the CreateRefused of the last pass, for the next one to report
     try:
         while not stopped:
             if memo.leadership is not None and not memo.leadership.leading:
@@ -103,7 +105,11 @@ async def keep_model_deployment(namespace: str | None, name: str, memo: kopf.Mem
                 continue
             try:
                 delay = await asyncio.to_thread(reconcile, memo.kube, namespace, name,
-                                                memo.config, memo.metrics)
+                                                memo.config, memo.metrics, refused)
+                refused = ""
+            except CreateRefused as exc:
+                logger.warning("%s/%s: %s; retrying", namespace, name, exc)
+                refused, delay = str(exc), REFUSED_RETRY_S
             except ApiException as exc:
                 logger.info("%s/%s: pass stopped by the API (%s %s); retrying", namespace, name,
                             exc.status, exc.reason)

@@ -137,6 +137,9 @@ class Observed:
     deployments: tuple[tuple[str, str], ...] = ()
     network_policies: tuple[tuple[str, str], ...] = ()
     signals: tuple[tuple[str, EngineSignals], ...] = ()  # by group: its node-0 /metrics
+    # the API's refusal of a create of the pass before (a 400, 403 or 422: admission, quota,
+    # validation), verbatim; "" when that pass created all it planned
+    create_refused: str = ""
 
     @classmethod
     def from_objects(cls, pods: list[dict[str, Any]], services: list[dict[str, Any]],

@@ -15,10 +15,11 @@ groups, or `prefill` and `decode` groups; a role it no longer runs has no replic
 3a. with autoscaling, the role's replicas are decided from its groups' signals
    (autoscaling.py); a change is written to the spec, with an Event, and planned by the next
    pass;
-4. the status is rebuilt from all of that, and written (after the Events, before any pod is
-   touched) when it changed, so counts and deadlines are on record before pods go. An Event's
-   name is derived from what it reports: one repeated by a pass after a crash is not created
-   twice.
+4. the status is rebuilt from all of that (Degraded `CreateRefused`, with an Event, while a
+   create the API refused on the pass before is planned again), and written (after the
+   Events, before any pod is touched) when it changed, so counts and deadlines are on record
+   before pods go. An Event's name is derived from what it reports: one repeated by a pass
+   after a crash is not created twice.
 
 A group's restart bumps its `incarnation` in the status in the same write that counts it: from
 then on its old pods are stale (their `shoal.dev/incarnation` label is lower) and only deleted,
@@ -27,6 +28,7 @@ never counted again, whether the operator restarts in between or not.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -144,6 +146,10 @@ class _Pass:
             desired += role_desired
             retiring += role_retiring
             self._autoscale(role, role_desired)
+        if self.observed.create_refused and self.creates:
+            self._event(f"{self.md.name}.{self.md.uid[:8]}.create-refused-"
+                        f"{hashlib.sha256(self.observed.create_refused.encode()).hexdigest()[:12]}",
+                        "CreateRefused", self.observed.create_refused)
         status = self._status(kept, desired, retiring)
         actions: list[Action] = [*self.events]
         if status != self.md.status.raw:
@@ -340,7 +346,8 @@ class _Pass:
         summary = Summary(
             replicas=sum(r.replicas for r in spec.roles()), ready=sum(v.ready for v in kept),
             max_unavailable=spec.rollout.max_unavailable, failed=failed, settled=settled,
-            progress=_progress(kept, desired, retiring))
+            progress=_progress(kept, desired, retiring),
+            create_refused=self.observed.create_refused if self.creates else "")
         endpoint = names.router_name(md.name) if spec.router else names.service_name(md.name)
         return {
             "observedGeneration": md.generation,
