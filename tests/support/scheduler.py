@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import xgrammar as xgr
 
 from shoal.engine.kv_pool import ReqToTokenPool, TokenSlotAllocator
 from shoal.ipc.messages import (
@@ -16,6 +17,7 @@ from shoal.ipc.messages import (
     SamplingParams,
 )
 from shoal.models.forward_batch import ForwardBatch
+from shoal.scheduler.grammar import Grammars
 from shoal.scheduler.memory import ReqMemory
 from shoal.scheduler.prefix_cache import NoPrefixCache, RadixCache
 from shoal.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -45,6 +47,13 @@ class LetterTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def letter_grammars() -> Grammars:
+    """Token i is the letter i (mod 26), as `LetterTokenizer` decodes it; EOS stops."""
+    letters = LetterTokenizer()
+    vocab = ["</s>" if i == EOS else letters.decode([i]) for i in range(VOCAB)]
+    return Grammars(lambda: xgr.TokenizerInfo(vocab, vocab_size=VOCAB, stop_token_ids=[EOS]))
 
 
 class FakeIO:

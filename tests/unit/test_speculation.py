@@ -5,16 +5,32 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 
 import pytest
 import torch
+import xgrammar as xgr
 
 from shoal.config import ConfigError, ServerArgs
-from shoal.ipc.messages import LogprobParams
+from shoal.ipc.messages import LogprobParams, SamplingParams
 from shoal.metrics.scheduler_metrics import SchedulerStats
-from shoal.scheduler.speculation import NgramProposer, accept_greedy, accept_sampled
-from tests.support.scheduler import VOCAB, make_scheduler, request, run_until_idle
+from shoal.scheduler.speculation import (
+    NgramProposer,
+    accept_greedy,
+    accept_sampled,
+    grammar_masked,
+    grammar_prefix,
+)
+from tests.support.scheduler import (
+    EOS,
+    VOCAB,
+    LetterTokenizer,
+    letter_grammars,
+    make_scheduler,
+    request,
+    run_until_idle,
+)
 
 SPEC = NgramProposer(num_draft_tokens=4)
 # counts 1..20 twice, then 1..3: the counting model continues 4, 5, ..., which the first two
@@ -163,6 +179,59 @@ def test_a_request_that_opts_out_or_asks_for_logprobs_does_not_speculate() -> No
         tokens, scheduler = _run(REPETITIVE, SPEC, max_new=10, **params)
         assert scheduler.num_verify_steps == 0, params  # type: ignore[attr-defined]
         assert len(tokens) == 10
+
+
+def _run_constrained(prompt: list[int], spec: NgramProposer | None,
+                     **params: object) -> tuple[list[int], object]:
+    scheduler, io, _ = make_scheduler(speculation=spec)
+    scheduler.grammars = letter_grammars()
+    io.inbox.append(request("a", prompt, **params))  # type: ignore[arg-type]
+    run_until_idle(scheduler)
+    assert scheduler.memory.check_idle_integrity()
+    assert io.finish("a") is not None
+    return io.tokens("a"), scheduler
+
+
+@pytest.mark.parametrize(("regex", "accepting"), [
+    ("[a-z]{14}", True),  # every letter allowed: the copied count is proposed and kept
+    ("[e-m]{3}[a-z]{8}", True),  # the proposals that leave the grammar are cut before verify
+    ("[b-d]{9}", False),  # the grammar overrides the model: proposals cut to nothing or rejected
+])
+def test_structured_outputs_speculate_with_the_same_output(regex: str, accepting: bool) -> None:
+    """A grammar masks each verified position as its state after the proposals before it, and
+    only accepted tokens reach it: the output is the same as without speculation, and ends
+    where the grammar does."""
+    plain, _ = _run_constrained(REPETITIVE, None, max_new=30, regex=regex)
+    tokens, scheduler = _run_constrained(REPETITIVE, SPEC, max_new=30, regex=regex)
+    assert tokens == plain and tokens[-1] == EOS
+    assert re.fullmatch(regex, LetterTokenizer().decode(tokens[:-1]))
+    steps = scheduler.num_verify_steps  # type: ignore[attr-defined]
+    if accepting:
+        assert steps > 0 and scheduler.num_verified_tokens / steps > 2  # type: ignore[attr-defined]
+
+
+def test_grammar_prefix_and_masks_leave_the_matcher_where_it_was() -> None:
+    grammars = letter_grammars()
+    matcher = grammars.matcher(SamplingParams(regex="[b-e]{3}"))
+    assert matcher is not None
+
+    def mask() -> list[int]:
+        bitmask = xgr.allocate_token_bitmask(1, VOCAB)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        return bitmask.tolist()
+
+    before = mask()
+    # z is outside [b-e]; a fourth letter is past the end; EOS would end the grammar, which
+    # is the target's own choice to make
+    assert grammar_prefix(matcher, [1, 2, 25, 3]) == [1, 2]
+    assert grammar_prefix(matcher, [1, 2, 3, 4]) == [1, 2, 3]
+    assert grammar_prefix(matcher, [1, 2, 3, EOS]) == [1, 2, 3]
+    assert mask() == before
+    logits = torch.zeros(3, VOCAB)
+    masked = grammar_masked(logits, matcher, [1, 2])
+    assert mask() == before
+    allowed = [set(torch.nonzero(row > -1e30).flatten().tolist()) for row in masked]
+    assert allowed[0] == allowed[1] == allowed[2] == {1, 2, 3, 4, 27, 28, 29, 30}
 
 
 def test_sampled_requests_speculate_with_the_targets_distribution() -> None:

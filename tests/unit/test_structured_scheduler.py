@@ -15,11 +15,11 @@ import xgrammar as xgr
 from shoal.engine.sampler import apply_grammar_masks
 from shoal.ipc.messages import GenerateReq, SamplingParams
 from shoal.scheduler import admission
-from shoal.scheduler.grammar import Grammars
 from tests.support.scheduler import (
     EOS,
     VOCAB,
     LetterTokenizer,
+    letter_grammars,
     make_scheduler,
     request,
     run_overlapped_until_idle,
@@ -27,12 +27,6 @@ from tests.support.scheduler import (
 )
 
 LETTERS = LetterTokenizer()
-
-
-def letter_grammars() -> Grammars:
-    """Token i is the letter i (mod 26), as `LetterTokenizer` decodes it; EOS stops."""
-    vocab = ["</s>" if i == EOS else LETTERS.decode([i]) for i in range(VOCAB)]
-    return Grammars(lambda: xgr.TokenizerInfo(vocab, vocab_size=VOCAB, stop_token_ids=[EOS]))
 
 
 def grammar_scheduler(**kwargs: object):

@@ -117,6 +117,13 @@ class Req:
         return max(self.sampling.max_new_tokens - len(self.output_ids) - self.num_pending, 0)
 
     @property
+    def speculates(self) -> bool:
+        """Its decode steps may verify proposals: not opted out, and its sampling reads one
+        position's logits at a time (penalties and logprobs read more; a grammar's masks are
+        applied per verified position, speculation.grammar_masked)."""
+        return self.sampling.speculative and self.penalties is None and self.logprob is None
+
+    @property
     def needs_sync_sampling(self) -> bool:
         """Sampling reads the output so far (penalties, the grammar's mask) or returns logprobs:
         the overlap loop runs such a step without overlap, so that state is never a token

@@ -62,7 +62,7 @@ from shoal.scheduler.prefix_cache import common_prefix_len
 from shoal.scheduler.request import Req
 from shoal.scheduler.roles import ColocatedRole, Role
 from shoal.scheduler.sampling import Sampling, local_sampling
-from shoal.scheduler.speculation import NgramProposer, verify
+from shoal.scheduler.speculation import NgramProposer, grammar_masked, grammar_prefix, verify
 from shoal.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -452,7 +452,8 @@ class Scheduler:
     def _propose(self, decoding: list[Req]) -> list[list[int]]:
         """Each decode entry's proposed tokens (speculative decoding), as many as its
         remaining tokens, the context and the free slots allow; [] for a request that does not
-        speculate (opted out, or its sampling reads more than one token's logits)."""
+        speculate (opted out, or its sampling reads more than one token's logits); with a
+        grammar, only the part of the proposal the grammar accepts."""
         proposer = self.config.speculation
         if proposer is None:
             return [[] for _ in decoding]
@@ -460,10 +461,12 @@ class Scheduler:
         proposals = []
         for req in decoding:
             proposal: list[int] = []
-            if req.sampling.speculative and not req.needs_sync_sampling and not req.num_pending:
+            if req.speculates and not req.num_pending:
                 limit = min(req.remaining_new_tokens - 1, spare,
                             self.config.context_length - req.total_len - 1)
                 proposal = proposer.propose(req.token_ids, limit)
+                if req.grammar is not None:
+                    proposal = grammar_prefix(req.grammar, proposal)
             spare -= len(proposal)
             proposals.append(proposal)
         return proposals
@@ -560,7 +563,8 @@ class Scheduler:
 
     @staticmethod
     def _verify(batch: ScheduledBatch, logits: torch.Tensor | None) -> list[list[int]]:
-        """The tokens each verifying entry yields (one rank: it holds the logits)."""
+        """The tokens each verifying entry yields (one rank: it holds the logits); a
+        request's grammar masks each position as its state after the proposals before it."""
         verification = batch.verification
         if not verification.entries:
             return []
@@ -569,7 +573,10 @@ class Scheduler:
         for i, proposal, rows in zip(verification.entries, verification.proposals,
                                      verification.rows):
             req = batch.entries[i][0]
-            verified.append(verify(logits[rows], proposal, req.sampling, req.generator))
+            step_logits = logits[rows]
+            if req.grammar is not None:
+                step_logits = grammar_masked(step_logits, req.grammar, proposal)
+            verified.append(verify(step_logits, proposal, req.sampling, req.generator))
         return verified
 
     def process_results(self, batch: ScheduledBatch, result: SamplingResult) -> None:
@@ -616,7 +623,8 @@ class Scheduler:
         start = req.computed_len - 1  # the step computed positions [start, start + extend)
         for token in tokens:
             req.append_token(token)
-            req.finish = self.stop_checker.check(req)
+            grammar_end = grammar.accept(req, token)
+            req.finish = self.stop_checker.check(req) or grammar_end
             if req.finish is not None:
                 break
         req.computed_len = len(req.token_ids) - 1

@@ -13,7 +13,9 @@ is a pure function of the proposal and the target's logits: every step yields th
 proposals plus one token of the target's own, so greedy output is the same token for token as
 without speculation, and sampled output has the same distribution (the proposal is a point
 mass, so a proposed token t is kept with probability p(t), and on rejection the token comes from
-p with t removed, renormalized).
+p with t removed, renormalized). With a grammar (structured outputs), the proposal is cut to
+what the grammar accepts (`grammar_prefix`) and each position's logits are masked by the
+grammar's state after the proposals before it (`grammar_masked`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import xgrammar as xgr
 
 from shoal.engine import sampler
 from shoal.ipc.messages import SamplingParams
@@ -97,11 +100,46 @@ def accept_sampled(proposal: Sequence[int], probs: torch.Tensor,
     return out
 
 
+def grammar_prefix(matcher: xgr.GrammarMatcher, proposal: Sequence[int]) -> list[int]:
+    """The longest prefix of `proposal` that the grammar accepts from its state without
+    ending (the target's own token ends it); the matcher is left as it was."""
+    taken = 0
+    for token in proposal:
+        if not matcher.accept_token(token):
+            break
+        taken += 1
+        if matcher.is_terminated():
+            taken -= 1
+            matcher.rollback(1)
+            break
+    if taken:
+        matcher.rollback(taken)
+    return list(proposal[:taken])
+
+
+def grammar_masked(logits: torch.Tensor, matcher: xgr.GrammarMatcher,
+                   proposal: Sequence[int]) -> torch.Tensor:
+    """A verify step's logits [len(proposal) + 1, vocab] with row i masked by the grammar's
+    state after proposal[:i] (a copy; the matcher is left as it was). The proposal is one
+    `grammar_prefix` kept, so the grammar accepts every token of it."""
+    bitmask = xgr.allocate_token_bitmask(len(proposal) + 1, logits.shape[-1])
+    for i, token in enumerate([*proposal, None]):
+        matcher.fill_next_token_bitmask(bitmask, i)
+        if token is not None and not matcher.accept_token(token):
+            raise AssertionError(f"the grammar refused proposed token {token}")
+    if proposal:
+        matcher.rollback(len(proposal))
+    masked = logits.clone()
+    xgr.apply_token_bitmask_inplace(masked, bitmask.to(masked.device))
+    return masked
+
+
 def verify(logits: torch.Tensor, proposal: Sequence[int], params: SamplingParams,
            generator: torch.Generator | None) -> list[int]:
     """The tokens a verify step yields from the target's float32 logits [len(proposal) + 1,
-    vocab] at the step's positions, for a request sampled with `params` (no logit processing:
-    requests with penalties, grammars or logprobs do not speculate)."""
+    vocab] at the step's positions (a grammar's masks applied: `grammar_masked`), for a request
+    sampled with `params` (no other logit processing: requests with penalties or logprobs do
+    not speculate)."""
     if params.is_greedy:
         return accept_greedy(proposal, logits.argmax(dim=-1).tolist())
     probs = torch.stack([sampler.token_distribution(row, params) for row in logits])
