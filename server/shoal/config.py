@@ -114,8 +114,9 @@ class ServerArgs:
              "--speculative-num-draft-tokens must be >= 1"),
             (self.tp * self.pp == 1, "--speculative-algorithm runs on one rank only: "
                                      "--tp 1 --pp 1 (--tp, --pp)"),
-            (self.disaggregation_mode == "null", "--speculative-algorithm is not served with "
-                                                 "--disaggregation-mode prefill or decode"),
+            (self.disaggregation_mode != "prefill", "--speculative-algorithm speeds up decoding: "
+                                                    "give it to the decode servers, not to "
+                                                    "--disaggregation-mode prefill"),
             (not self.enable_overlap_schedule, "--speculative-algorithm runs the plain loop: "
                                                "drop --enable-overlap-schedule"),
         ]

@@ -161,6 +161,30 @@ def test_seeded_sampling_equals_a_colocated_servers(
         reference["seeded"]
 
 
+def test_a_speculating_decode_server_gives_the_colocated_greedy_outputs(
+        prompt_ids: list[list[int]], reference: dict[str, list[list[int]]], pd: PDServers,
+        tmp_path: Path, model_path: str) -> None:
+    """Issue 46: `--speculative-algorithm ngram` on a decode server (beside the module's, a
+    router of its own to the module's prefill): it verifies proposals, greedy outputs equal the
+    colocated server's, and both pools are whole afterwards."""
+    decode = start_server(tmp_path, "--disaggregation-mode", "decode", *PD_FLAGS,
+                          "--speculative-algorithm", "ngram", wait=False)
+    router: RunningRouter | None = None
+    try:
+        wait_healthy(decode, 2 * STARTUP_TIMEOUT_S)
+        router = start_router(tmp_path, "--prefill", pd.prefill.base_url, "--decode",
+                              decode.base_url)
+        picked = {kind: want[::2] for kind, want in reference.items()}
+        assert_greedy_equal(router.base_url, prompt_ids[::2], picked, model_path)
+        scheduler = httpx.get(f"{decode.base_url}/server_info", timeout=30).json()["scheduler"]
+        assert scheduler["num_verify_steps"] > 0
+        wait_idle_and_whole(pd.prefill.base_url, decode.base_url)
+    finally:
+        if router is not None:
+            router.stop()
+        decode.stop()
+
+
 def test_kv_bytes_sent_equal_bytes_received_equal_prompt_tokens_times_kv_size(
         pd: PDServers, tokenizer: PreTrainedTokenizerBase, model_path: str) -> None:
     before_p, before_d = kv_transfer_counters(pd.prefill.base_url), kv_transfer_counters(

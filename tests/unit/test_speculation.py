@@ -254,6 +254,9 @@ def test_speculation_flags() -> None:
     with pytest.raises(ConfigError, match="--speculative-num-draft-tokens"):
         ServerArgs(speculative_algorithm="ngram", speculative_num_draft_tokens=0)
     assert not ServerArgs(speculative_algorithm="ngram").use_overlap_schedule("cuda")
+    assert ServerArgs(speculative_algorithm="ngram", disaggregation_mode="decode").speculation
+    with pytest.raises(ConfigError, match="decode servers"):
+        ServerArgs(speculative_algorithm="ngram", disaggregation_mode="prefill")
 
 
 def test_a_step_that_scores_prompt_positions_verifies_nothing() -> None:
