@@ -34,6 +34,11 @@ CFG = SuiteConfig(concurrencies=(1, 32), extra_shapes=((150, 64),), int8_concurr
 MAIN, OTHER = (64, 128), (150, 64)
 
 
+# speculative decoding's runs at one stream: (dataset, ngram?) -> output tok/s
+SPEC_TPS = {("repeat", False): 60.0, ("repeat", True): 120.0, ("random", False): 60.0,
+            ("random", True): 62.0}
+
+
 def serving(output_tps: float, ttft_ms: float = 100.0, tpot_ms: float = 50.0) -> dict[str, Any]:
     stats = {"mean": ttft_ms, "p50": ttft_ms, "p90": ttft_ms, "p99": ttft_ms}
     lat = {"mean": tpot_ms, "p50": tpot_ms, "p90": tpot_ms, "p99": tpot_ms}
@@ -53,7 +58,8 @@ def generated(tps: float) -> dict[str, Any]:
 
 def results(tps: dict[tuple[str, tuple[int, int], int], float] | None = None,
             ttft32: dict[str, float] | None = None, gen: float = 14.0,
-            radix_ttft: tuple[float, float] = (200.0, 1000.0)) -> SuiteResults:
+            radix_ttft: tuple[float, float] = (200.0, 1000.0),
+            spec: dict[tuple[str, bool], float] | None = None) -> SuiteResults:
     """Every run of CFG, with throughputs that pass every criterion unless overridden."""
     values = {(SHOAL, MAIN, 1): 40.0, (SHOAL, MAIN, 32): 300.0, (SHOAL, OTHER, 32): 200.0,
               (SHOAL_INT8, MAIN, 1): 80.0, (SHOAL_INT8, MAIN, 32): 400.0,
@@ -75,6 +81,10 @@ def results(tps: dict[tuple[str, tuple[int, int], int], float] | None = None,
     for shape in CFG.shared_shapes:
         res.shared[(True, shape)] = run(f"radix-{shape}", serving(5.0, ttft_ms=on))
         res.shared[(False, shape)] = run(f"no-radix-{shape}", serving(5.0, ttft_ms=off))
+    for (dataset, speculating), v in (spec or SPEC_TPS).items():
+        res.speculation[(dataset, speculating)] = [run(
+            f"speculation-{dataset}-{'ngram' if speculating else 'none'}", serving(v))]
+    res.accept_lengths = {"repeat": [3.25], "random": [1.5]}
     res.servers = {SHOAL: "shoal serve --port 1"}
     return res
 
@@ -88,8 +98,19 @@ def test_every_issue_criterion_is_checked_and_passes_on_good_numbers() -> None:
     assert all(verdict in ("PASS", "counts") for _, verdict in crit.values()), crit
     ratios = [r for r, _ in crit.values()]
     assert ratios[:5] == pytest.approx([40 / 35, 300 / 180, 1100 / 1000, 80 / 40, 80 / 60])
-    assert len(crit) == 14  # 1: c1, c32, TTFT; 2: int8/f32, int8/Q8 x2; 4: 2 shapes vs
-    # transformers, ceiling, 2 shared-prefix shapes and how many pass; single stream; clean runs
+    assert len(crit) == 16  # 1: c1, c32, TTFT; 2: int8/f32, int8/Q8 x2; 4: 2 shapes vs
+    # transformers, ceiling, 2 shared-prefix shapes and how many pass; single stream;
+    # speculation on 2 datasets; clean runs
+
+
+def test_speculation_must_gain_on_repeated_text_and_never_lose_much_on_random() -> None:
+    name = "speculative decoding, {} dataset, one stream: ngram / none output tok/s"
+    crit = by_name(CFG, results())
+    assert crit[name.format("repeat")] == (pytest.approx(2.0), "PASS")
+    crit = by_name(CFG, results(spec={("repeat", False): 60.0, ("repeat", True): 105.0,
+                                      ("random", False): 60.0, ("random", True): 56.0}))
+    assert crit[name.format("repeat")][1] == "FAIL"  # 1.75 < 1.8
+    assert crit[name.format("random")][1] == "FAIL"  # 0.93 < 0.95
 
 
 def test_targets_fail_where_the_issue_draws_the_line() -> None:
@@ -272,6 +293,8 @@ def test_report_has_every_table_and_keeps_the_sections_after_where_the_time_goes
     assert "| 1024 + 32 | radix cache | 200.0 |" in text
     assert "| 512 + 64 | --disable-radix-cache | 1000.0 |" in text
     assert "| llama.cpp Q8_0 | 64 / 128 | 32 | 500.0 |" in text
+    assert "| repeat | 60.0 | 120.0 | 3.25 | 2.00 |" in text
+    assert "| random | 60.0 | 62.0 | 1.50 | 1.03 |" in text
     assert "**PASS**" in text and "**FAIL**" not in text
     assert "shoal serve --port 1" in text and "shoal bench llama.cpp-F32-64x128-c32" in text
     assert text.count(KEEP_SECTION) == 1 and "stale" not in text and "# old" not in text
@@ -383,6 +406,8 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
             "shoal-64x128-c4", "forward-b4", "llama-cpp-F32-64x128-c4")),
         "transformers-serve-CB-64x128-c4",
         "shoal-shared-prefix-256+16", "shoal-shared-prefix-256+16-no-radix",
+        *(f"speculation-{dataset}-{kind}{r}" for r in rounds for dataset in ("repeat", "random")
+          for kind in ("none", "ngram")),
         "llama-cpp-F32-64x128-c1-t2", "llama-cpp-F32-64x128-c32-t2"]
     # shoal w8a16 started once; a llama-server and a transformers serve per phase, a
     # llama-server per trial
@@ -394,13 +419,17 @@ def test_the_run_measures_each_concurrency_on_every_server_back_to_back(
     assert len(res.errors) == 1 and res.errors[0].startswith(SHOAL + " exited with")
     assert "llama.cpp F32 -np 32 -t 1" in FakeServer.started
     assert len(res.serving) == 14 and len(res.llama_threads) == 2 and len(res.shared) == 2
-    assert phases == [5, 11, 14, 14, 14]  # after each concurrency, no-radix, the trials
+    assert len(res.speculation) == 4 and all(len(r) == 2 for r in res.speculation.values())
+    # after each concurrency, no-radix, the speculation rounds, the trials
+    assert phases == [5, 11, 14, 14, 14, 14]
     # the shared-prefix servers come last, alone, with a KV pool sized for their shapes
     shared_kv = ("--max-total-tokens", str(cfg.shared_kv_tokens))
     assert flags["shoal shared prefix"] == shared_kv
     assert flags["shoal shared prefix --disable-radix-cache"] == (*shared_kv,
                                                                   "--disable-radix-cache")
     assert flags[SHOAL] == ("--max-total-tokens", str(cfg.kv_tokens))
+    assert flags["shoal ngram"] == (*flags[SHOAL], "--speculative-algorithm", "ngram")
+    assert flags["shoal no speculation"] == flags[SHOAL]
 
 
 _LLAMA_STAND_IN = """

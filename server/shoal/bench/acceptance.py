@@ -36,6 +36,8 @@ VS_CEILING = 0.8
 SINGLE_STREAM = 1.3            # shoal at concurrency 1 / transformers generate at batch 1
 RADIX_TTFT = 4.0               # mean TTFT without / with the radix cache ...
 RADIX_SHAPES = 2               # ... on more than one prefix/suffix shape
+# speculative decoding at one stream, greedy: ngram / none output tok/s, per dataset
+SPECULATION_TARGETS = {"repeat": 1.8, "random": 0.95}
 
 
 def out_tps(run: Run | None) -> float | None:
@@ -201,6 +203,15 @@ def acceptance(cfg: SuiteConfig, res: SuiteResults) -> list[Criterion]:
             f"{fmt(out_tps(res.get(SHOAL, 1, shape)), 2)} / "
             f"{fmt(generate_tps(median_run(gens, generate_tps)), 2)} tok/s{rounds_note(ratios)}",
             median_ratio(ratios), SINGLE_STREAM))
+    for dataset, target in SPECULATION_TARGETS.items():
+        with_, without = res.speculation.get((dataset, True)), res.speculation.get((dataset, False))
+        if with_ is None or without is None:
+            continue
+        ratios = round_ratios(with_, without, out_tps)
+        crit.append(Criterion(
+            f"speculative decoding, {dataset} dataset, one stream: ngram / none output tok/s",
+            f"{fmt(out_tps(median_run(with_)))} / {fmt(out_tps(median_run(without)))} tok/s"
+            f"{rounds_note(ratios)}", median_ratio(ratios), target))
     serving = res.serving_runs()
     clean = sum(r.ok for r in serving)
     crit.append(Criterion("`shoal bench serving` ran unmodified against every server, no "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import statistics
 from pathlib import Path
 
 import psutil
@@ -21,6 +22,7 @@ from shoal.bench.acceptance import (
     generate_tps,
     median_ratio,
     out_tps,
+    round_ratios,
     throughput_rounds,
 )
 from shoal.bench.suite_runs import (
@@ -28,6 +30,7 @@ from shoal.bench.suite_runs import (
     LLAMA_Q8,
     SHOAL,
     SHOAL_INT8,
+    SPECULATION_DATASETS,
     SYSTEMS,
     TRANSFORMERS,
     Run,
@@ -143,6 +146,14 @@ def _workload(cfg: SuiteConfig) -> list[str]:
         "tokens/s = output tokens / generate time (prefill included, as in a serving "
         "request). The single-stream ratio pairs each round's shoal run with that round's "
         "faster `generate`; the table shows each thread count's median round.",
+        f"- speculative decoding: two `shoal serve`s up together, one with "
+        f"`--speculative-algorithm ngram` (4 draft tokens), one without; in each of "
+        f"{cfg.rounds} rounds each dataset runs on one and then the other with the same "
+        f"prompts: {cfg.speculation_num_prompts} requests at concurrency 1, greedy, "
+        f"{cfg.speculation_shape[0]} prompt tokens (`repeat`: a text of that many random words "
+        f"the request asks to repeat, as an edit or a summary copies its input; `random`: "
+        f"random tokens) and {cfg.speculation_shape[1]} output tokens (EOS ignored). Tokens "
+        f"per verify step: the ngram server's `/server_info` counters over each run.",
     ]
 
 
@@ -220,6 +231,21 @@ def _shared_table(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
     return lines
 
 
+def _speculation_table(res: SuiteResults) -> list[str]:
+    lines = ["| dataset | no speculation (tok/s) | ngram (tok/s) | tokens per verify step | "
+             "ngram / none (median of rounds) |", "|---|---:|---:|---:|---:|"]
+    for dataset in SPECULATION_DATASETS:
+        with_ = res.speculation.get((dataset, True), [])
+        without = res.speculation.get((dataset, False), [])
+        if with_ or without:
+            accepts = res.accept_lengths.get(dataset)
+            lines.append(f"| {dataset} | {fmt(out_tps(median_run(without)))} | "
+                         f"{fmt(out_tps(median_run(with_)))} | "
+                         f"{fmt(statistics.median(accepts) if accepts else None, 2)} | "
+                         f"{fmt(median_ratio(round_ratios(with_, without, out_tps)), 2)} |")
+    return lines
+
+
 def _single_stream(cfg: SuiteConfig, res: SuiteResults) -> list[str]:
     lines = ["| | tokens/s | decode only (tokens/s) |", "|---|---:|---:|"]
     for system in SYSTEMS:
@@ -275,6 +301,7 @@ def write_report(cfg: SuiteConfig, res: SuiteResults, machine: dict[str, str],
         *_latency_rows(res), "",
         "## Shared prefix", "", *_shared_table(cfg, res), "",
         "## Single stream", "", *_single_stream(cfg, res), "",
+        "## Speculative decoding", "", *_speculation_table(res), "",
         "## Acceptance", "", *_acceptance_table(criteria), "",
         "The int8 quality criterion (greedy agreement, logprob difference, perplexity) is "
         f"measured by `tests/integration/test_quantization.py`; its figures are in "

@@ -54,6 +54,7 @@ from shoal.bench.suite_runs import (
     QUICK,
     SHOAL,
     SHOAL_INT8,
+    SPECULATION_DATASETS,
     TRANSFORMERS,
     Run,
     Shape,
@@ -107,6 +108,24 @@ def shared_prefix_args(cfg: SuiteConfig, shape: Shape) -> list[str]:
             "--prefix-len", str(shape[0]), "--suffix-len", str(shape[1]),
             "--output-len", str(cfg.shared_output_len), "--max-concurrency",
             str(cfg.shared_concurrency), "--seed", str(cfg.seed)]
+
+
+def speculation_args(cfg: SuiteConfig, dataset: str, round_: int) -> list[str]:
+    """One stream, greedy (the client's default), the round's own prompts."""
+    prompt, output = cfg.speculation_shape
+    return ["--dataset", dataset, "--num-prompts", str(cfg.speculation_num_prompts),
+            "--input-len", str(prompt), "--output-len", str(output), "--max-concurrency", "1",
+            "--seed", str(cfg.seed + 7 + 1_000_000 * round_)]
+
+
+def verify_counts(server: Server) -> tuple[int, int]:
+    """The server's verify steps and the tokens they yielded so far (speculative decoding);
+    zeros when it does not say."""
+    try:
+        scheduler = httpx.get(f"{server.base_url}/server_info", timeout=30).json()["scheduler"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return 0, 0
+    return int(scheduler.get("num_verify_steps", 0)), int(scheduler.get("num_verified_tokens", 0))
 
 
 def random_label(system: str, shape: Shape, concurrency: int) -> str:
@@ -229,12 +248,38 @@ class Suite:
                                 *shared_kv, "--disable-radix-cache"),
                    self.shared_prefixes(radix=False))
         self.progress()
+        self.speculation_rounds()
+        self.progress()
         if llama is not None:
             for t in cfg.llama_thread_trials(usable_cores()):
                 for c in sorted({1, cfg.ratio_concurrency} & set(cfg.concurrencies)):
                     self.llama_trial(llama[0], c, t)
             self.progress()
         return self.res
+
+    def speculation_rounds(self) -> None:
+        """`shoal serve` with and without `--speculative-algorithm ngram`, both up: in each
+        round, each dataset on one and then the other (seconds apart, the same prompts)."""
+        with contextlib.ExitStack() as stack:
+            servers = {speculating: self.phase_server(stack, shoal_server(
+                self.results, f"{SHOAL} {'ngram' if speculating else 'no speculation'}",
+                *self.kv, *(("--speculative-algorithm", "ngram") if speculating else ())))
+                for speculating in (False, True)}
+            for round_ in range(self.cfg.rounds):
+                for dataset in SPECULATION_DATASETS:
+                    for speculating, server in servers.items():
+                        if server is None:
+                            continue
+                        label = (f"speculation-{dataset}-"
+                                 f"{'ngram' if speculating else 'none'}-r{round_ + 1}")
+                        before = verify_counts(server)
+                        self.res.speculation.setdefault((dataset, speculating), []).append(
+                            serving_run(label, server, self.results,
+                                        *speculation_args(self.cfg, dataset, round_)))
+                        steps, tokens = (a - b for a, b in zip(verify_counts(server), before))
+                        if speculating and steps > 0:
+                            self.res.accept_lengths.setdefault(dataset, []).append(
+                                tokens / steps)
 
     def phase(self, c: int, llama: tuple[Path, Path] | None) -> None:
         """Every server at concurrency `c`: the head-to-head rounds of the main shape (shoal and

@@ -23,6 +23,8 @@ TRANSFORMERS = "transformers serve CB"
 LLAMA_F32 = "llama.cpp F32"
 LLAMA_Q8 = "llama.cpp Q8_0"
 SYSTEMS = (SHOAL, SHOAL_INT8, LLAMA_F32, LLAMA_Q8, TRANSFORMERS)
+# speculative decoding's runs: a text the answer repeats (editing, summarizing), random text
+SPECULATION_DATASETS = ("repeat", "random")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class SuiteConfig:
     shared_output_len: int = 16
     shared_concurrency: int = 16
     generate_repeats: int = 2
+    # speculative decoding (`--speculative-algorithm ngram` against none) at one stream, greedy:
+    # (prompt tokens, output tokens) of each dataset's requests, and requests per run
+    speculation_shape: Shape = (256, 128)
+    speculation_num_prompts: int = 4
     ratio_concurrency: int = 32    # the shape comparisons and the ceiling are read here
     # head-to-head rounds per concurrency (`rounds` in SuiteResults): the runs a ratio compares
     # are repeated in turns, seconds apart, and each ratio is the median of its rounds' ratios,
@@ -137,6 +143,7 @@ QUICK: dict[str, Any] = {
     "extra_shapes": ((48, 8), (128, 4)), "int8_concurrencies": (1, 4), "min_prompts": 2,
     "shared_shapes": ((256, 16), (128, 32)), "shared_num_prompts": 16, "shared_output_len": 4,
     "shared_concurrency": 4, "generate_repeats": 1, "rounds": 2,
+    "speculation_shape": (64, 16), "speculation_num_prompts": 2,
     "quick": True}
 
 
@@ -211,6 +218,10 @@ class SuiteResults:
     generate: dict[int, list[Run]] = dataclasses.field(default_factory=dict)
     # (radix on?, (prefix, suffix)) -> serving run of the shared-prefix dataset
     shared: dict[tuple[bool, Shape], Run] = dataclasses.field(default_factory=dict)
+    # (dataset, speculating?) -> serving runs at one stream, one per round
+    speculation: dict[tuple[str, bool], list[Run]] = dataclasses.field(default_factory=dict)
+    # dataset -> the ngram server's tokens per verify step over each of its runs
+    accept_lengths: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     servers: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> command
     errors: list[str] = dataclasses.field(default_factory=list)
     # what the run worked around and went on with, nothing lost (a peer's flag changed)
@@ -230,4 +241,5 @@ class SuiteResults:
 
     def serving_runs(self) -> list[Run]:
         return [*(r for rounds in self.serving.values() for r in rounds),
-                *self.llama_threads.values(), *self.shared.values()]
+                *self.llama_threads.values(), *self.shared.values(),
+                *(r for rounds in self.speculation.values() for r in rounds)]
