@@ -125,3 +125,5 @@ class ScaleRole:
 Action = (ReplaceStatus | ScaleRole | EmitEvent | DeletePods | CreateService | CreatePods
           | CreateDeployment | PatchDeployment | DeleteRouter | ApplyNetworkPolicy
           | DeleteNetworkPolicy)
+# the actions that create or change an object from its spec (what the API may refuse)
+MAKES = (CreatePods, CreateService, CreateDeployment, PatchDeployment, ApplyNetworkPolicy)

@@ -146,11 +146,12 @@ class _Pass:
             desired += role_desired
             retiring += role_retiring
             self._autoscale(role, role_desired)
-        if self.observed.create_refused and self.creates:
+        refused = self.observed.create_refused if self.creates else ""  # still planned
+        if refused:
             self._event(f"{self.md.name}.{self.md.uid[:8]}.create-refused-"
-                        f"{hashlib.sha256(self.observed.create_refused.encode()).hexdigest()[:12]}",
-                        "CreateRefused", self.observed.create_refused)
-        status = self._status(kept, desired, retiring)
+                        f"{hashlib.sha256(refused.encode()).hexdigest()[:12]}",
+                        "CreateRefused", refused)
+        status = self._status(kept, desired, retiring, refused)
         actions: list[Action] = [*self.events]
         if status != self.md.status.raw:
             actions.append(ReplaceStatus(status))
@@ -338,7 +339,7 @@ class _Pass:
     # -- status ------------------------------------------------------------------------------
 
     def _status(self, kept: list[GroupView], desired: list[GroupView],
-                retiring: list[GroupRecord]) -> dict[str, Any]:
+                retiring: list[GroupRecord], create_refused: str) -> dict[str, Any]:
         spec, md = self.md.spec, self.md
         failed = tuple(v.record for v in desired if v.record.failed)
         settled = (all(self._health(v).settled for v in desired) and len(kept) == len(desired)
@@ -347,7 +348,7 @@ class _Pass:
             replicas=sum(r.replicas for r in spec.roles()), ready=sum(v.ready for v in kept),
             max_unavailable=spec.rollout.max_unavailable, failed=failed, settled=settled,
             progress=_progress(kept, desired, retiring),
-            create_refused=self.observed.create_refused if self.creates else "")
+            create_refused=create_refused)
         endpoint = names.router_name(md.name) if spec.router else names.service_name(md.name)
         return {
             "observedGeneration": md.generation,

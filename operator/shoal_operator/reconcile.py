@@ -9,13 +9,7 @@ from datetime import UTC, datetime
 
 from kubernetes.client import ApiException
 
-from shoal_operator.actions import (
-    ApplyNetworkPolicy,
-    CreateDeployment,
-    CreatePods,
-    CreateService,
-    PatchDeployment,
-)
+from shoal_operator.actions import MAKES
 from shoal_operator.config import OperatorConfig
 from shoal_operator.kube import Kube
 from shoal_operator.metrics import OperatorMetrics
@@ -28,7 +22,6 @@ logger = logging.getLogger(__name__)
 # what the API answers an object it will not take: 400 malformed, 403 forbidden (admission such
 # as Pod Security, a ResourceQuota), 422 invalid (e.g. a limit below its request)
 REFUSED_STATUSES = frozenset({400, 403, 422})
-MAKES = (CreatePods, CreateService, CreateDeployment, PatchDeployment, ApplyNetworkPolicy)
 MESSAGE_CHARS = 900
 
 

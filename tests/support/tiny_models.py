@@ -53,20 +53,25 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], torch.dtype]] = {
 SERVED = ("gemma2", "gemma3", "mistral", "phi3", "qwen2-moe", "qwen3")
 
 
+def randomize_weights(model: torch.nn.Module) -> None:
+    """Weights drawn large enough (std 0.2, norms around 1) that greedy argmaxes are rarely
+    near-ties (the seed is the caller's)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn_like(param)
+            param.copy_(1 + 0.1 * noise if "norm" in name else 0.2 * noise)
+
+
 def build(family: str, target: Path, tokenizer_dir: Path) -> Path:
-    """A random-weight checkpoint of `family` in `target`: weights drawn large enough (std 0.2,
-    norms around 1) that greedy argmaxes are rarely near-ties, saved sharded in the family's
-    dtype with `tokenizer_dir`'s tokenizer files."""
+    """A random-weight checkpoint of `family` in `target` (`randomize_weights`), saved sharded
+    in the family's dtype with `tokenizer_dir`'s tokenizer files."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     model_type, overrides, dtype = FAMILIES[family]
     config = AutoConfig.for_model(model_type, **{**_COMMON, **overrides})
     torch.manual_seed(sorted(FAMILIES).index(family))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn_like(param)
-            param.copy_(1 + 0.1 * noise if "norm" in name else 0.2 * noise)
+    randomize_weights(model)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2, 0], do_sample=True,
                                                temperature=0.7, top_p=0.9)
     model.to(dtype).save_pretrained(target, max_shard_size="2MB")

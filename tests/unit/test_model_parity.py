@@ -20,6 +20,7 @@ from shoal.engine.model_runner import ModelRunner
 from shoal.models.forward_batch import ForwardBatch
 from shoal.models.parallel import ParallelGroup
 from shoal.ports import free_port
+from tests.support.tiny_models import randomize_weights
 
 PROMPTS = [[1, 17, 300, 42, 9, 250, 77, 5, 123, 400, 11], [1, 88], [1, 5, 6, 7, 490, 33, 2, 61]]
 TIE_GAP = 1e-3  # a greedy mismatch is tolerated only where transformers' top-2 gap is below this
@@ -41,18 +42,14 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
 
 
 def _build_tiny_model(name: str, target: Path) -> None:
-    """A random-weight transformers model saved as safetensors; weights are drawn large enough
-    (std 0.2, norms around 1) that greedy argmaxes are rarely near-ties."""
+    """A random-weight transformers model (`randomize_weights`) saved as safetensors."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     overrides = {**_TINY_COMMON, **TINY_MODELS[name]}
     config = AutoConfig.for_model(**overrides)
     torch.manual_seed(sorted(TINY_MODELS).index(name))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            noise = torch.randn_like(param)
-            param.copy_(1 + 0.1 * noise if "norm" in param_name else 0.2 * noise)
+    randomize_weights(model)
     model.save_pretrained(target)
 
 

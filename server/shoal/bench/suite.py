@@ -268,18 +268,20 @@ class Suite:
             for round_ in range(self.cfg.rounds):
                 for dataset in SPECULATION_DATASETS:
                     for speculating, server in servers.items():
-                        if server is None:
-                            continue
-                        label = (f"speculation-{dataset}-"
-                                 f"{'ngram' if speculating else 'none'}-r{round_ + 1}")
-                        before = verify_counts(server)
-                        self.res.speculation.setdefault((dataset, speculating), []).append(
-                            serving_run(label, server, self.results,
-                                        *speculation_args(self.cfg, dataset, round_)))
-                        steps, tokens = (a - b for a, b in zip(verify_counts(server), before))
-                        if speculating and steps > 0:
-                            self.res.accept_lengths.setdefault(dataset, []).append(
-                                tokens / steps)
+                        if server is not None:
+                            self.speculation_run(server, dataset, speculating, round_)
+
+    def speculation_run(self, server: Server, dataset: str, speculating: bool,
+                        round_: int) -> None:
+        """One run at one stream; with speculation, its tokens per verify step too."""
+        label = f"speculation-{dataset}-{'ngram' if speculating else 'none'}-r{round_ + 1}"
+        before = verify_counts(server) if speculating else (0, 0)
+        self.res.speculation.setdefault((dataset, speculating), []).append(serving_run(
+            label, server, self.results, *speculation_args(self.cfg, dataset, round_)))
+        if speculating:
+            steps, tokens = (a - b for a, b in zip(verify_counts(server), before))
+            if steps > 0:
+                self.res.accept_lengths.setdefault(dataset, []).append(tokens / steps)
 
     def phase(self, c: int, llama: tuple[Path, Path] | None) -> None:
         """Every server at concurrency `c`: the head-to-head rounds of the main shape (shoal and

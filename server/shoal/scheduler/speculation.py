@@ -103,18 +103,14 @@ def accept_sampled(proposal: Sequence[int], probs: torch.Tensor,
 def grammar_prefix(matcher: xgr.GrammarMatcher, proposal: Sequence[int]) -> list[int]:
     """The longest prefix of `proposal` that the grammar accepts from its state without
     ending (the target's own token ends it); the matcher is left as it was."""
-    taken = 0
-    for token in proposal:
-        if not matcher.accept_token(token):
-            break
-        taken += 1
-        if matcher.is_terminated():
-            taken -= 1
-            matcher.rollback(1)
-            break
-    if taken:
-        matcher.rollback(taken)
-    return list(proposal[:taken])
+    accepted = 0
+    while accepted < len(proposal) and not matcher.is_terminated() \
+            and matcher.accept_token(proposal[accepted]):
+        accepted += 1
+    kept = accepted - 1 if matcher.is_terminated() else accepted  # the ending token: the target's
+    if accepted:
+        matcher.rollback(accepted)
+    return list(proposal[:kept])
 
 
 def grammar_masked(logits: torch.Tensor, matcher: xgr.GrammarMatcher,

@@ -7,7 +7,6 @@ op by op and against transformers: test_model_parity.py."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,13 +17,6 @@ import torch
 from shoal.kernels import fused_decode
 from shoal.kernels.interface import Attention, DecodeLayer, GatedMLP, Norm
 from shoal.kernels.panel_products import Panels
-
-
-@pytest.fixture
-def threads() -> Iterator[int]:
-    previous = torch.get_num_threads()
-    yield previous
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("count", [1, 2])

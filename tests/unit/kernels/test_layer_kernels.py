@@ -4,8 +4,6 @@ the residual add, the rotary embedding in place), on every row count, serially a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,13 +13,6 @@ from shoal.kernels.rotary import apply_rotary
 from shoal.model_config import RopeConfig
 from shoal.models.layers import RMSNorm
 from shoal.models.rotary import Rotary
-
-
-@pytest.fixture
-def threads() -> Iterator[int]:
-    previous = torch.get_num_threads()
-    yield previous
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("count", [1, 2])

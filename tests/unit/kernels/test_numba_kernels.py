@@ -4,7 +4,6 @@ count; the exp the kernels inline."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numba
@@ -18,13 +17,6 @@ from shoal.kernels.numba_kernels import Twins, exp_in_place
 def _double(x: np.ndarray, out: np.ndarray) -> None:
     for i in numba.prange(x.shape[0]):
         out[i] = 2 * x[i]
-
-
-@pytest.fixture
-def threads() -> Iterator[int]:
-    previous = torch.get_num_threads()
-    yield previous
-    torch.set_num_threads(previous)
 
 
 def test_the_serial_and_parallel_builds_are_cached_apart(

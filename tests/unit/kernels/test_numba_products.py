@@ -4,8 +4,6 @@ parallel, and leave a forked child able to run them after the parallel kernel ra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -25,13 +23,6 @@ def _case(rows: int, channels: int, depth: int, seed: int = 0
     q, scale = quantize_per_channel(torch.randn(channels, depth, generator=gen))
     x = torch.randn(rows, depth, generator=gen)
     return x, q, scale, F.linear(x, dequantize(q, scale))
-
-
-@pytest.fixture
-def threads() -> Iterator[int]:
-    previous = torch.get_num_threads()
-    yield previous
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("name", PRODUCTS)
